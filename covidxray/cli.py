@@ -1,0 +1,189 @@
+"""Command line: thin wrappers that resolve config and call the library.
+
+User mistakes (bad config, missing files, unusable images) print one clear
+message and exit non-zero; tracebacks are kept for real bugs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+import typer
+from rich.console import Console
+
+from covidxray.config import Config, load_config, parse_override
+from covidxray.errors import UserError
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter hides our messages
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False, no_args_is_help=True, help="Chest X-ray classifiers: public data -> Horovod training -> LiteRT on the edge.")
+console = Console(stderr=True)
+
+ConfigOption = typer.Option(None, "--config", "-c", help="YAML config (see configs/).")
+SetOption = typer.Option(None, "--set", help="Override any config key, e.g. --set train.epochs=3 (repeatable).")
+
+
+def resolve(config_path: Optional[Path], sets: Optional[List[str]], **flags: Any) -> Config:
+    """Defaults -> YAML -> --set -> dedicated flags (the most specific wins)."""
+    overrides = [parse_override(s) for s in sets or []]
+    for dotted, value in flags.items():
+        if value is not None:
+            section, key = dotted.split("__")
+            overrides.append({section: {key: value}})
+    return load_config(config_path, overrides)
+
+
+def run(action: Callable[[], Any]) -> Any:
+    try:
+        return action()
+    except UserError as err:
+        console.print(f"[bold red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: finished work is kept; re-run the same command to resume")
+        raise typer.Exit(130) from None
+
+
+def parse_sources(specs: List[str], from_path: Optional[str] = None) -> dict[str, dict[str, Any]]:
+    """`--source a --source b=PATH` -> {a: {}, b: {from_path: PATH}}; `--from` goes with a single source."""
+    if from_path and len(specs) != 1:
+        raise UserError("--from goes with exactly one --source; with several, write --source NAME=PATH for each")
+    sources: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        path = path or from_path or ""
+        sources[name.strip()] = {"from_path": path} if path else {}
+    return sources
+
+
+@app.command()
+def prepare(
+    config: Optional[Path] = ConfigOption,
+    sets: Optional[List[str]] = SetOption,
+    source: Optional[List[str]] = typer.Option(None, "--source", "-s", help="NAME or NAME=PATH (archive/folder on disk); repeatable."),
+    from_path: Optional[str] = typer.Option(None, "--from", help="Archive or folder on disk for the single --source given."),
+    data_dir: Optional[str] = typer.Option(None, help="Output folder (shards + manifest.json)."),
+    task: Optional[str] = typer.Option(None, help="chest3, chest4 or oct."),
+    image_size: Optional[int] = typer.Option(None),
+    workers: Optional[int] = typer.Option(None, help="Decode processes (default: one per core)."),
+):
+    """Fetch sources, harmonise labels, dedupe, split by patient, write sharded TFRecords."""
+    from covidxray.cli_progress import progress_bar
+
+    def go():
+        from covidxray.data.prepare import prepare as do_prepare
+
+        cfg = resolve(config, sets, data__data_dir=data_dir, data__task=task, data__image_size=image_size, data__workers=workers)
+        if source:
+            cfg.data.sources = parse_sources(source, from_path)
+        elif from_path:
+            raise UserError("--from needs the --source it belongs to, e.g. --source covid19-talo --from ./COVID-19-master.zip")
+
+        with progress_bar("preparing") as advance:
+            manifest = do_prepare(cfg.data, progress=advance, log=console.print)
+        for split, info in manifest["splits"].items():
+            console.print(f"{split:5s} {info['records']:6d} images {info['patients']:6d} patients  {info['classes']}")
+        for reason, count in manifest["dropped"].items():
+            console.print(f"[yellow]dropped[/] {count:6d}  {reason}")
+        console.print(f"wrote {len(manifest['shards'])} shards + manifest.json to {cfg.data.data_dir}")
+
+    run(go)
+
+
+@app.command()
+def train(
+    config: Optional[Path] = ConfigOption,
+    sets: Optional[List[str]] = SetOption,
+    data_dir: Optional[str] = typer.Option(None),
+    run_dir: Optional[str] = typer.Option(None, help="Where checkpoints, model and logs go."),
+    model: Optional[str] = typer.Option(None, help="small_cnn, mobilenet_v3_small, efficientnet_b0."),
+    epochs: Optional[int] = typer.Option(None),
+    batch_size: Optional[int] = typer.Option(None, help="Per rank."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --run-dir."),
+):
+    """Train (single process, or one rank under `horovodrun`)."""
+    cfg = run(lambda: resolve(config, sets, data__data_dir=data_dir, train__run_dir=run_dir, train__model=model, train__epochs=epochs, train__batch_size=batch_size))
+
+    def go():
+        from covidxray.train.trainer import train as do_train
+
+        do_train(cfg, resume=resume, say=console.print)
+
+    run(go)
+
+
+@app.command("export")
+def export_cmd(
+    config: Optional[Path] = ConfigOption,
+    sets: Optional[List[str]] = SetOption,
+    run_dir: Optional[str] = typer.Option(None),
+    data_dir: Optional[str] = typer.Option(None, help="Prepared data (test split for parity, train for int8 calibration)."),
+    formats: Optional[List[str]] = typer.Option(None, "--format", help="float32, float16, int8 (repeatable)."),
+):
+    """Convert the trained model to TFLite and check it against Keras on the test split."""
+    cfg = run(lambda: resolve(config, sets, data__data_dir=data_dir, train__run_dir=run_dir))
+    if formats:
+        cfg.export.formats = list(formats)
+
+    def go():
+        from covidxray.export.tflite import export
+
+        export(cfg, say=console.print)
+
+    run(go)
+
+
+@app.command()
+def predict(
+    files: List[Path] = typer.Argument(..., help="PNG, JPEG or DICOM files, or folders of them."),
+    model: Path = typer.Option(Path("runs/default/model-float32.tflite"), "--model", "-m", help="A .tflite written by export."),
+    threads: int = typer.Option(1, help="Interpreter threads."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+):
+    """Classify X-rays with the exported model (LiteRT interpreter; no TensorFlow needed)."""
+    from covidxray.export.predict import predict_files
+
+    results = run(lambda: predict_files(files, model, threads))
+    if as_json:
+        print(json.dumps(results, indent=2))
+    else:
+        for item in results:
+            if "error" in item:
+                console.print(f"[red]{item['file']}: {item['error']}[/]")
+            else:
+                probs = "  ".join(f"{k} {v:.3f}" for k, v in item["probabilities"].items())
+                print(f"{item['file']}: {item['label']}  ({probs})")
+    if any("error" in item for item in results):
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    workdir: Path = typer.Option(Path("demo"), help="Where the demo's data and run go."),
+    epochs: int = typer.Option(8),
+):
+    """prepare -> train -> export -> predict on generated phantom X-rays (a few minutes on 2 cores)."""
+    from covidxray.demo import run_demo
+
+    run(lambda: run_demo(workdir, epochs, say=console.print))
+
+
+@app.command()
+def sources():
+    """List the dataset adapters and their options."""
+    from covidxray.sources import SOURCE_REGISTRY
+
+    for name, cls in sorted(SOURCE_REGISTRY.items()):
+        print(f"{name:24s} options: {', '.join(cls.option_names())}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Layered configuration: dataclass defaults -> YAML file -> CLI overrides.
+
+Unknown keys are errors (a typo must not silently train with a default), and
+the resolved config is written beside every checkpoint and model so that a
+model directory is self-describing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from covidxray.errors import UserError
+
+
+class ConfigError(UserError):
+    """A configuration the user wrote that cannot be used; the message says where and why."""
+
+
+@dataclass
+class DataConfig:
+    # Source name -> that source's options (see `covidxray sources`); `from_path` points at
+    # an archive or folder already on disk instead of downloading.
+    sources: dict[str, dict[str, Any]] = field(default_factory=lambda: {"synthetic": {}})
+    data_dir: str = "data/synthetic"
+    task: str = "chest3"
+    image_size: int = 128
+    val_fraction: float = 0.15
+    test_fraction: float = 0.15
+    records_per_shard: int = 256
+    workers: int = 0  # 0: one per core
+    seed: int = 0
+
+
+@dataclass
+class TrainConfig:
+    model: str = "small_cnn"
+    weights: str = ""  # optional local weights file for the Keras applications
+    run_dir: str = "runs/default"
+    epochs: int = 10
+    batch_size: int = 32  # per rank
+    learning_rate: float = 1e-3  # for one rank; scaled by the number of ranks
+    warmup_epochs: int = 1
+    augment: bool = True
+    class_weights: bool = True
+    shuffle_buffer: int = 512
+    early_stopping_patience: int = 0  # epochs without val AUC gain; 0 disables
+    seed: int = 0
+
+
+@dataclass
+class ExportConfig:
+    formats: list[str] = field(default_factory=lambda: ["float32"])
+    int8_min_agreement: float = 0.98
+    representative_samples: int = 200
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        tmp.replace(path)
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return from_dict(annotation, value, where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item_type,) = typing.get_args(annotation)[:1] or (Any,)
+        return [_coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return {str(k): ({} if v is None else v) for k, v in value.items()}
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if annotation in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        try:
+            number = annotation(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}") from None
+        if annotation is int and isinstance(value, float) and value != number:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return number
+    if annotation is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{where}: expected text, got {value!r}")
+        return str(value)
+    return value
+
+
+def from_dict(cls: type, values: dict[str, Any], where: str = "config") -> Any:
+    """Build dataclass `cls` from `values`, rejecting keys it does not declare."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
+        )
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key != "sources":
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """`train.epochs=3` -> {"train": {"epochs": 3}}; the value is read as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r}: expected section.key=value, e.g. train.epochs=3")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    nested: dict[str, Any] = value
+    for part in reversed(key.strip().split(".")):
+        nested = {part: nested}
+    return nested
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[dict[str, Any]] | None = None,
+) -> Config:
+    """Resolve defaults, then the YAML file at `path`, then each override in order."""
+    values: dict[str, Any] = {}
+    if path:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping with data/train/export sections")
+        values = loaded
+    for override in overrides or []:
+        values = _merge(values, override)
+    where = str(path) if path else "config"
+    return from_dict(Config, values, where)
+

@@ -1,0 +1,77 @@
+"""Harmonised label vocabulary and the tasks that collapse it to class sets.
+
+Sources map their own findings onto HARMONISED_LABELS (fine-grained, shared by
+all sources); a task then decides which of those it uses and how they group.
+A label a task does not use is dropped with a counted reason, never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from covidxray.errors import UserError
+
+HARMONISED_LABELS = (
+    "normal",
+    "pneumonia",  # pneumonia of unstated cause
+    "pneumonia/bacterial",
+    "pneumonia/viral",
+    "pneumonia/fungal",
+    "pneumonia/other",
+    "covid-19",
+    "tuberculosis",
+    "oct/cnv",
+    "oct/dme",
+    "oct/drusen",
+    "oct/normal",
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    classes: tuple[str, ...]
+    mapping: dict[str, str]  # harmonised label -> class
+
+    def class_of(self, label: str) -> str | None:
+        return self.mapping.get(label)
+
+    def index_of(self, label: str) -> int | None:
+        cls = self.class_of(label)
+        return None if cls is None else self.classes.index(cls)
+
+
+_PNEUMONIA_ANY = ("pneumonia", "pneumonia/bacterial", "pneumonia/viral", "pneumonia/fungal", "pneumonia/other")
+
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in (
+        Task(
+            "chest3",
+            ("normal", "pneumonia", "covid-19"),
+            {"normal": "normal", "covid-19": "covid-19", **{p: "pneumonia" for p in _PNEUMONIA_ANY}},
+        ),
+        Task(
+            "chest4",
+            ("normal", "bacterial", "viral", "covid-19"),
+            {
+                "normal": "normal",
+                "pneumonia/bacterial": "bacterial",
+                "pneumonia/viral": "viral",
+                "covid-19": "covid-19",
+            },
+        ),
+        Task(
+            "oct",
+            ("cnv", "dme", "drusen", "normal"),
+            {f"oct/{c}": c for c in ("cnv", "dme", "drusen", "normal")},
+        ),
+    )
+}
+
+
+def get_task(name: str) -> Task:
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise UserError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}") from None

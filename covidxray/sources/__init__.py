@@ -1,0 +1,22 @@
+"""Dataset adapters, found by name: `build_source("covid-chestxray", {...})`.
+
+Importing this package registers every adapter module listed below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from covidxray.config import ConfigError, from_dict
+from covidxray.sources import synthetic  # noqa: F401  (registers)
+from covidxray.sources.base import SOURCE_REGISTRY, Dropped, Record, Source, SourceOptions
+
+__all__ = ["SOURCE_REGISTRY", "Dropped", "Record", "Source", "SourceOptions", "build_source"]
+
+
+def build_source(name: str, options: dict[str, Any] | None = None) -> Source:
+    try:
+        cls = SOURCE_REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown source {name!r}; available: {', '.join(sorted(SOURCE_REGISTRY))}") from None
+    return cls(from_dict(cls.Options, dict(options or {}), f"data.sources.{name}"))

@@ -1,0 +1,92 @@
+"""The one contract every dataset adapter meets.
+
+An adapter knows two things about its collection: how to get it onto disk
+(`fetch`) and how to read its layout into `Record`s (`records`). Everything
+after that — label harmonisation, dedup, patient split, decoding, sharding —
+is shared pipeline code and never special-cases a source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Iterator
+
+
+@dataclass(frozen=True)
+class Record:
+    """One image of one patient, as a source describes it.
+
+    `label` is the source's own finding, already mapped to the harmonised
+    vocabulary of `covidxray.data.labels` (e.g. "normal", "pneumonia/bacterial",
+    "covid-19", "oct/cnv"); tasks later collapse it to their class set.
+    `patient_id` is namespaced by source so ids never collide across sources.
+    """
+
+    image: Path
+    label: str
+    patient_id: str
+    source: str
+    view: str = "PA"
+    original_split: str = ""
+
+    @property
+    def record_id(self) -> str:
+        return f"{self.source}:{self.image.name}:{self.patient_id}"
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A row or file a source could not turn into a Record, and why."""
+
+    reason: str
+    where: str
+    detail: str = ""
+
+
+@dataclass
+class SourceOptions:
+    """Options every source accepts; adapters subclass to add their own.
+
+    `from_path` is an archive or folder already on disk (air-gapped clusters);
+    without it the adapter downloads into its cache folder.
+    """
+
+    from_path: str = ""
+
+
+class Source:
+    """Base adapter. Subclasses set `name`, `Options`, and implement both methods."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[SourceOptions]] = SourceOptions
+
+    def __init__(self, options: SourceOptions | None = None):
+        self.options = options if options is not None else self.Options()
+
+    def fetch(self, cache_dir: Path) -> Path:
+        """Return the dataset root on disk, downloading or unpacking into `cache_dir` if needed."""
+        raise NotImplementedError
+
+    def records(self, root: Path) -> Iterator[Record | Dropped]:
+        """Yield one Record per usable image and one Dropped per unusable row/file."""
+        raise NotImplementedError
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls.Options)]
+
+
+SOURCE_REGISTRY: dict[str, type[Source]] = {}
+
+
+def register_source(cls: type[Source]) -> type[Source]:
+    """Class decorator: make an adapter reachable by its `name` from config and CLI."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in SOURCE_REGISTRY:
+        raise ValueError(f"source {cls.name!r} registered twice")
+    SOURCE_REGISTRY[cls.name] = cls
+    return cls
+

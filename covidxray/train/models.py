@@ -1,0 +1,73 @@
+"""Model registry: name -> builder(image_size, num_classes, weights_path).
+
+Every model takes (size, size, 1) gray values 0..255 and rescales inside, so
+preprocessing is part of the model and cannot drift between train and predict.
+Nothing is downloaded: Keras applications start from `weights=None` or from a
+weights file the user names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import tensorflow as tf
+
+from covidxray.errors import UserError
+
+layers = tf.keras.layers
+MODEL_REGISTRY: dict[str, Callable[..., tf.keras.Model]] = {}
+
+
+def register_model(name: str):
+    def decorate(builder):
+        MODEL_REGISTRY[name] = builder
+        return builder
+
+    return decorate
+
+
+@register_model("small_cnn")
+def small_cnn(image_size: int, num_classes: int) -> tf.keras.Model:
+    """The seed's baseline: Conv32-Pool-Conv64-Pool-Dense512."""
+    inputs = layers.Input((image_size, image_size, 1), name="image")
+    x = layers.Rescaling(1.0 / 255)(inputs)
+    x = layers.Conv2D(32, 3, activation="relu")(x)
+    x = layers.MaxPooling2D()(x)
+    x = layers.Conv2D(64, 3, activation="relu")(x)
+    x = layers.MaxPooling2D()(x)
+    x = layers.Flatten()(x)
+    x = layers.Dense(512, activation="relu")(x)
+    x = layers.Dropout(0.5)(x)
+    outputs = layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
+    return tf.keras.Model(inputs, outputs, name="small_cnn")
+
+
+def _application(backbone_fn, name: str):
+    def build(image_size: int, num_classes: int) -> tf.keras.Model:
+        inputs = layers.Input((image_size, image_size, 1), name="image")
+        rgb = layers.Concatenate()([inputs, inputs, inputs])  # backbones expect 3 channels of 0..255
+        backbone = backbone_fn(include_top=False, weights=None, input_shape=(image_size, image_size, 3), pooling="avg")
+        x = layers.Dropout(0.2)(backbone(rgb))
+        outputs = layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
+        return tf.keras.Model(inputs, outputs, name=name)
+
+    return build
+
+
+register_model("mobilenet_v3_small")(_application(tf.keras.applications.MobileNetV3Small, "mobilenet_v3_small"))
+register_model("efficientnet_b0")(_application(tf.keras.applications.EfficientNetB0, "efficientnet_b0"))
+
+
+def build_model(name: str, image_size: int, num_classes: int, weights: str = "") -> tf.keras.Model:
+    try:
+        builder = MODEL_REGISTRY[name]
+    except KeyError:
+        raise UserError(f"unknown model {name!r}; available: {', '.join(sorted(MODEL_REGISTRY))}") from None
+    model = builder(image_size, num_classes)
+    if weights:
+        path = Path(weights)
+        if not path.is_file():
+            raise UserError(f"weights file {path} not found (train.weights)")
+        model.load_weights(str(path), skip_mismatch=path.suffix == ".h5", by_name=path.suffix == ".h5")
+    return model
