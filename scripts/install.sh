@@ -48,10 +48,10 @@ else
         $PIP install -q --no-build-isolation --no-cache-dir "horovod==$HOROVOD_VERSION"
 fi
 # Guard against drift: anything that pulled TF >= 2.16, Keras 3 or numpy 2 breaks Horovod and TF 2.15.
-"$VENV/bin/python" - <<'PY'
+TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/python" - <<'PY'
 import numpy, tensorflow as tf
 assert tf.__version__ == "2.15.1", f"tensorflow {tf.__version__} installed, covidxray needs 2.15.1"
 assert numpy.__version__.startswith("1."), f"numpy {numpy.__version__} installed, TF 2.15 needs numpy<2"
 PY
-"$VENV/bin/horovodrun" --check-build
+TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/horovodrun" --check-build
 echo "==> done: activate with 'source $VENV/bin/activate'"

@@ -59,10 +59,18 @@ class World:
         return callbacks
 
     def allgather_object(self, obj: Any) -> list:
-        return [obj] if self.hvd is None else self.hvd.allgather_object(obj)
+        if self.hvd is None:
+            return [obj]
+        import horovod.tensorflow as hvd_tf  # the object collectives live in the core module
+
+        return hvd_tf.allgather_object(obj)
 
     def broadcast_object(self, obj: Any) -> Any:
-        return obj if self.hvd is None else self.hvd.broadcast_object(obj, root_rank=0)
+        if self.hvd is None:
+            return obj
+        import horovod.tensorflow as hvd_tf
+
+        return hvd_tf.broadcast_object(obj, root_rank=0)
 
 
 def configure_threads(local_size: int) -> None:

@@ -1,0 +1,71 @@
+"""Shared fixtures: one small prepared phantom set and one model trained on it per test session.
+
+Built once and reused, because preparing and training dominate the suite's time
+on a 2-core CI machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+VENV_BIN = Path(sys.executable).parent
+
+
+def covidxray_cmd(*args: str) -> list[str]:
+    """The installed console script, as a user would run it."""
+    return [str(VENV_BIN / "covidxray"), *args]
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    return subprocess.run(covidxray_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+@pytest.fixture(scope="session")
+def synthetic_data(tmp_path_factory) -> Path:
+    """A prepared phantom set: 64 px, small shards so two ranks get disjoint files."""
+    from covidxray.config import load_config
+    from covidxray.data.prepare import prepare
+
+    data_dir = tmp_path_factory.mktemp("synthetic") / "data"
+    config = load_config(None, [{"data": {"sources": {"synthetic": {"patients": 240}}, "data_dir": str(data_dir), "image_size": 64, "records_per_shard": 48}}])
+    prepare(config.data)
+    return data_dir
+
+
+@pytest.fixture(scope="session")
+def trained_run(synthetic_data, tmp_path_factory) -> Path:
+    """A small CNN trained on `synthetic_data` in a separate process (as `covidxray train`)."""
+    run_dir = tmp_path_factory.mktemp("run") / "run"
+    result = run_cli("train", "--data-dir", str(synthetic_data), "--run-dir", str(run_dir), "--epochs", "8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def exported_run(trained_run, synthetic_data) -> Path:
+    result = run_cli("export", "--run-dir", str(trained_run), "--data-dir", str(synthetic_data), "--format", "float32")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return trained_run
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """Real samples beside the repo, when this checkout has them (never required by the product)."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data not present")
+    return SHARED_DATA
+
+
+def have_horovod() -> bool:
+    return shutil.which("horovodrun", path=str(VENV_BIN)) is not None
