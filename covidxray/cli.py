@@ -164,7 +164,7 @@ def predict(
 @app.command()
 def demo(
     workdir: Path = typer.Option(Path("demo"), help="Where the demo's data and run go."),
-    epochs: int = typer.Option(8),
+    epochs: int = typer.Option(10),
 ):
     """prepare -> train -> export -> predict on generated phantom X-rays (a few minutes on 2 cores)."""
     from covidxray.demo import run_demo

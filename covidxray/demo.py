@@ -15,7 +15,7 @@ def demo_config(workdir: Path, epochs: int) -> Config:
         [
             {
                 "data": {
-                    "sources": {"synthetic": {"patients": 320}},
+                    "sources": {"synthetic": {"patients": 600}},
                     "data_dir": str(workdir / "data"),
                     "image_size": 64,
                     "records_per_shard": 64,

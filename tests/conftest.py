@@ -38,7 +38,7 @@ def synthetic_data(tmp_path_factory) -> Path:
     from covidxray.data.prepare import prepare
 
     data_dir = tmp_path_factory.mktemp("synthetic") / "data"
-    config = load_config(None, [{"data": {"sources": {"synthetic": {"patients": 240}}, "data_dir": str(data_dir), "image_size": 64, "records_per_shard": 48}}])
+    config = load_config(None, [{"data": {"sources": {"synthetic": {"patients": 400}}, "data_dir": str(data_dir), "image_size": 64, "records_per_shard": 64}}])
     prepare(config.data)
     return data_dir
 
@@ -47,7 +47,7 @@ def synthetic_data(tmp_path_factory) -> Path:
 def trained_run(synthetic_data, tmp_path_factory) -> Path:
     """A small CNN trained on `synthetic_data` in a separate process (as `covidxray train`)."""
     run_dir = tmp_path_factory.mktemp("run") / "run"
-    result = run_cli("train", "--data-dir", str(synthetic_data), "--run-dir", str(run_dir), "--epochs", "8")
+    result = run_cli("train", "--data-dir", str(synthetic_data), "--run-dir", str(run_dir), "--epochs", "10")
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 

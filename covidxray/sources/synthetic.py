@@ -72,8 +72,8 @@ def _finding(label: str, size: int, lungs: tuple[np.ndarray, np.ndarray], anatom
             angle = rng.uniform(-0.6, 0.6) + (0 if side > 0 else np.pi)
             length = size * rng.uniform(0.12, 0.22)
             x1, y1 = x0 + length * np.cos(angle), y0 + length * np.sin(angle)
-            cv2.line(streaks, (int(x0), int(y0)), (int(x1), int(y1)), 1.0, max(1, size // 120))
-        return 55 * cv2.GaussianBlur(streaks, (0, 0), size * 0.006) * both
+            cv2.line(streaks, (int(x0), int(y0)), (int(x1), int(y1)), 1.0, max(1, size // 64))
+        return 60 * cv2.GaussianBlur(streaks, (0, 0), size * 0.006) * both
     if label == "covid-19":
         patches = np.zeros((size, size), np.float32)
         for side, mask in ((-1, left), (1, right)):
@@ -81,7 +81,7 @@ def _finding(label: str, size: int, lungs: tuple[np.ndarray, np.ndarray], anatom
                 cx = 0.5 + side * (anatomy["lung_dx"] + anatomy["lung_w"] * rng.uniform(0.35, 0.75))
                 cy = anatomy["lung_cy"] + anatomy["lung_h"] * rng.uniform(-0.3, 0.7)
                 patches += _gaussian(size, cx, cy, rng.uniform(0.03, 0.05), rng.uniform(0.04, 0.07))
-        return 50 * np.clip(patches, 0, 1.3) * both
+        return 60 * np.clip(patches, 0, 1.3) * both
     return np.zeros((size, size), np.float32)
 
 

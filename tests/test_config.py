@@ -1,0 +1,48 @@
+"""Config layering: dataclass defaults -> YAML -> --set -> dedicated flags; unknown keys rejected."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from covidxray.config import ConfigError, Config, load_config, parse_override
+
+
+def test_defaults_then_yaml_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"train": {"epochs": 5, "batch_size": 8}, "data": {"image_size": 96}}))
+    config = load_config(path, [parse_override("train.epochs=7"), {"train": {"batch_size": 4}}])
+    assert (config.train.epochs, config.train.batch_size, config.data.image_size) == (7, 4, 96)
+    assert config.train.learning_rate == Config().train.learning_rate
+
+
+def test_unknown_key_is_rejected_with_its_place(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  epoch: 3\n")
+    with pytest.raises(ConfigError, match=r"c.yaml.train: unknown key\(s\) epoch"):
+        load_config(path)
+
+
+def test_wrong_type_is_rejected():
+    with pytest.raises(ConfigError, match="train.epochs: expected int"):
+        load_config(None, [parse_override("train.epochs=many")])
+
+
+def test_saved_config_round_trips(tmp_path):
+    config = load_config(None, [parse_override("data.sources={covid19-talo: {from_path: /x}}"), parse_override("train.model=mobilenet_v3_small")])
+    config.save(tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == config
+
+
+def test_cli_reports_config_errors_without_traceback(tmp_path):
+    result = run_cli("train", "--set", "train.nonsense=1", "--data-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "unknown key(s) nonsense" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_reports_missing_data_without_traceback(tmp_path):
+    result = run_cli("train", "--data-dir", str(tmp_path / "nowhere"))
+    assert result.returncode == 2
+    assert "run `covidxray prepare` first" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,113 @@
+"""Issue 2: the whole pipeline on the embedded phantom data, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import VENV_BIN, run_cli
+
+
+@pytest.mark.slow
+def test_demo_runs_every_stage_and_beats_chance(tmp_path):
+    result = run_cli("demo", "--workdir", str(tmp_path / "demo"), "--epochs", "10")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "demo" / "run"
+    report = json.loads((run_dir / "export_report.json").read_text())
+    manifest = json.loads((tmp_path / "demo" / "data" / "manifest.json").read_text())
+    test = manifest["splits"]["test"]
+    majority = max(test["classes"].values()) / test["records"]
+    assert report["float32"]["accuracy"] >= majority + 0.25, (report, majority)
+    # predict ran on one held-out image per class through the exported model
+    assert result.stderr.count("predicted") == len(manifest["labels"])
+
+
+def test_manifest_describes_the_shards(synthetic_data):
+    manifest = json.loads((synthetic_data / "manifest.json").read_text())
+    assert manifest["labels"] == ["normal", "pneumonia", "covid-19"]
+    assert manifest["image_size"] == 64
+    for split, info in manifest["splits"].items():
+        files = [s for s in manifest["shards"] if s["split"] == split]
+        assert sum(s["records"] for s in files) == info["records"] == sum(info["classes"].values())
+        assert all((synthetic_data / "shards" / s["file"]).is_file() for s in files)
+    assert manifest["splits"]["train"]["records"] > manifest["splits"]["test"]["records"] > 0
+    assert len([s for s in manifest["shards"] if s["split"] == "train"]) >= 2
+
+
+def test_keras_model_beats_chance_on_held_out_split(trained_run, synthetic_data):
+    import tensorflow as tf
+
+    from covidxray.export.tflite import load_split
+
+    images, labels = load_split(synthetic_data, "test")
+    model = tf.keras.models.load_model(str(trained_run / "model.keras"), compile=False)
+    accuracy = float((model.predict(images, verbose=0).argmax(1) == labels).mean())
+    majority = np.bincount(labels).max() / len(labels)
+    assert accuracy >= majority + 0.25, (accuracy, majority)
+
+
+def test_tflite_agrees_with_keras_on_test_split(exported_run, synthetic_data):
+    import tensorflow as tf
+
+    from covidxray.export.litert import TFLiteClassifier
+    from covidxray.export.tflite import load_split
+
+    images, _ = load_split(synthetic_data, "test")
+    keras = tf.keras.models.load_model(str(exported_run / "model.keras"), compile=False).predict(images, verbose=0)
+    lite = TFLiteClassifier(exported_run / "model-float32.tflite").predict(images)
+    assert (keras.argmax(1) == lite.argmax(1)).mean() >= 0.98
+    np.testing.assert_allclose(keras, lite, atol=1e-3)
+
+
+def test_predict_cli_prints_a_class_per_image(exported_run, synthetic_data):
+    import csv
+
+    with open(synthetic_data / "splits.csv", newline="") as handle:
+        images = [row["image"] for row in csv.DictReader(handle) if row["split"] == "test"][:3]
+    result = run_cli("predict", "--model", str(exported_run / "model-float32.tflite"), "--json", *images)
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    assert [item["file"] for item in output] == images
+    for item in output:
+        assert item["label"] in ("normal", "pneumonia", "covid-19")
+        assert abs(sum(item["probabilities"].values()) - 1) < 1e-3
+
+
+@pytest.mark.slow
+def test_two_rank_horovod_run_reads_disjoint_shards_and_agrees(synthetic_data, tmp_path):
+    run_dir = tmp_path / "run"
+    command = [
+        str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+        str(VENV_BIN / "covidxray"), "train", "--data-dir", str(synthetic_data), "--run-dir", str(run_dir), "--epochs", "2",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    log = json.loads((run_dir / "train_log.json").read_text())
+    assert log["world_size"] == 2 and [r["rank"] for r in log["ranks"]] == [0, 1]
+    shards = [set(r["shards"]) for r in log["ranks"]]
+    assert shards[0] and shards[1] and not shards[0] & shards[1]
+    manifest = json.loads((synthetic_data / "manifest.json").read_text())
+    assert shards[0] | shards[1] == {s["file"] for s in manifest["shards"] if s["split"] == "train"}
+    digests = log["weights_sha256_per_rank"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    assert [e["epoch"] for e in log["epochs"]] == [1, 2]
+    assert all(len(e["images_per_s_per_rank"]) == 2 for e in log["epochs"])
+    # only rank 0 logs: rank 1 printed none of the training messages
+    assert "[1]<stderr>:epoch" not in result.stdout + result.stderr
+    assert "[0]<stderr>:epoch 2" in result.stdout + result.stderr
+
+
+def test_non_root_rank_writes_nothing(synthetic_data, tmp_path, monkeypatch):
+    from covidxray.config import load_config
+    from covidxray.train import trainer
+    from covidxray.train.distributed import World
+
+    monkeypatch.setattr(trainer, "init_world", lambda: World(rank=1, size=1))
+    config = load_config(None, [{"data": {"data_dir": str(synthetic_data)}, "train": {"run_dir": str(tmp_path / "run"), "epochs": 1}}])
+    log = trainer.train(config, say=lambda message: pytest.fail(f"rank 1 printed {message!r}"))
+    assert log["epochs"] == []  # only rank 0 keeps the epoch log
+    assert not (tmp_path / "run").exists()
