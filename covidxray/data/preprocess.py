@@ -15,11 +15,21 @@ import cv2
 import numpy as np
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".dcm", ".dicom")
+VOLUME_SUFFIXES = (".nii", ".nii.gz", ".mha", ".mhd", ".nrrd")
 PREPROCESSING = {
-    "decode": "grayscale; 16-bit and DICOM min-max scaled to 8-bit after rescale/VOI, MONOCHROME1 inverted",
+    "decode": (
+        "grayscale; DICOM: modality LUT (rescale slope/intercept), then VOI LUT sequence scaled from its "
+        "output range, else the first window (DICOM linear/sigmoid formula) to 0..255, else min-max; "
+        "MONOCHROME1 inverted; other 16-bit images min-max scaled to 8-bit"
+    ),
     "resize": "cv2.INTER_AREA to size x size (aspect not kept)",
     "input": "float32 gray values 0..255, shape (size, size, 1); the model rescales",
 }
+
+# Projection radiography (CR, DX, the common non-standard DR, RG) plus OT and no
+# modality at all, which anonymised exports and secondary captures often carry.
+# Everything else (CT, MR, US, NM, PT, SEG, RTDOSE...) is refused by name.
+XRAY_MODALITIES = ("CR", "DX", "DR", "RG", "OT", "")
 
 # A colour image counts as a photo, not an X-ray, when this share of its pixels
 # has channels further apart than COLOUR_SPREAD gray levels (annotations and
@@ -29,7 +39,10 @@ COLOUR_PIXEL_SHARE = 0.05
 
 
 class ImageError(ValueError):
-    """A file that cannot become model input; `reason` is a short countable code."""
+    """A file that cannot become model input; `reason` is a short countable code.
+
+    Reasons: missing, empty, unreadable, not-xray, unsupported.
+    """
 
     def __init__(self, reason: str, path: Path | str, detail: str):
         super().__init__(f"{path}: {detail}")
@@ -49,43 +62,123 @@ def is_dicom(path: Path) -> bool:
         return False
 
 
-def _to_uint8(pixels: np.ndarray) -> np.ndarray:
-    pixels = pixels.astype(np.float64)
-    low, high = float(pixels.min()), float(pixels.max())
+def _scale_to_uint8(values: np.ndarray, low: float, high: float) -> np.ndarray:
+    """Map [low, high] linearly onto 0..255 (clipping outside), rounding to nearest."""
     if high <= low:
-        return np.zeros(pixels.shape, np.uint8)
-    return np.round((pixels - low) * (255.0 / (high - low))).astype(np.uint8)
+        return np.zeros(values.shape, np.uint8)
+    scaled = (values.astype(np.float64) - low) * 255.0 / (high - low)  # product first: exact for integer values
+    return np.round(np.clip(scaled, 0, 255)).astype(np.uint8)
+
+
+def _to_uint8(pixels: np.ndarray) -> np.ndarray:
+    """Min-max: the image's own darkest pixel becomes 0, its brightest 255."""
+    return _scale_to_uint8(pixels, float(pixels.min()), float(pixels.max()))
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _first(value) -> float:
+    """WindowCenter/Width may hold several alternatives; the first is the default one."""
+    try:
+        return float(value)
+    except TypeError:
+        return float(value[0])
+
+
+def window_to_uint8(values: np.ndarray, center: float, width: float, function: str = "LINEAR") -> np.ndarray:
+    """DICOM PS3.3 C.11.2.1.2 windowing with 0..255 as the output range."""
+    values = values.astype(np.float64)
+    if function == "SIGMOID":
+        return np.round(255.0 / (1.0 + np.exp(-4.0 * (values - center) / width))).astype(np.uint8)
+    if function == "LINEAR_EXACT":
+        scaled = ((values - center) / width + 0.5) * 255.0
+    else:  # LINEAR: the standard's half-pixel offsets
+        scaled = ((values - (center - 0.5)) / (width - 1.0) + 0.5) * 255.0
+    return np.round(np.clip(scaled, 0, 255)).astype(np.uint8)
+
+
+def _window_of(dataset) -> tuple[float, float, str] | None:
+    if "WindowCenter" not in dataset or "WindowWidth" not in dataset:
+        return None
+    function = str(dataset.get("VOILUTFunction", "LINEAR") or "LINEAR").upper()
+    center, width = _first(dataset.WindowCenter), _first(dataset.WindowWidth)
+    if width < (1.0 if function == "LINEAR" else 1e-6):
+        return None  # an invalid window is treated as none at all
+    return center, width, function
+
+
+def voi_lut_to_uint8(values: np.ndarray, item, dataset) -> np.ndarray:
+    """Apply a VOI LUT Sequence item and scale its output range to 0..255.
+
+    Done here rather than with pydicom's apply_voi, which wraps indices above 255
+    for 8-bit LUTs (pydicom 3.0). The output range is the LUT's own min..max, as
+    LUT Descriptor bit depths are often wrong in the wild.
+    """
+    entries, first = int(item.LUTDescriptor[0]) or 65536, int(item.LUTDescriptor[1])
+    if int(dataset.get("PixelRepresentation", 0)) == 1 and first > 32767:
+        first -= 65536  # the descriptor is stored unsigned even for signed pixel data
+    data = item.LUTData
+    if isinstance(data, bytes):
+        little_endian = getattr(dataset, "original_encoding", (None, True))[1] is not False
+        table = np.frombuffer(data, dtype="<u2" if little_endian else ">u2").astype(np.float64)
+    else:
+        table = np.asarray(data, dtype=np.float64).ravel()
+    table = table[:entries]
+    index = np.clip(np.round(values) - first, 0, len(table) - 1).astype(np.int64)
+    return _scale_to_uint8(table[index], float(table.min()), float(table.max()))
+
+
+def dicom_gray(dataset, path: Path | str = "<dataset>") -> np.ndarray:
+    """Stored DICOM pixels -> 2-D uint8 display values (modality LUT, VOI, MONOCHROME1 inversion).
+
+    No modality check here, so pydicom's own CT/MR test files can exercise it.
+    """
+    from pydicom.pixels import apply_modality_lut
+
+    photometric = str(dataset.get("PhotometricInterpretation", "MONOCHROME2")).upper()
+    if photometric not in ("MONOCHROME1", "MONOCHROME2"):
+        raise ImageError("not-xray", path, f"DICOM photometric interpretation {photometric} is not a grayscale radiograph")
+    bits = int(dataset.get("BitsAllocated", 16) or 16)
+    if bits not in (8, 16):
+        raise ImageError("unsupported", path, f"DICOM with {bits}-bit pixels: radiographs here are 8 to 16 bit")
+    try:
+        pixels = dataset.pixel_array
+    except Exception as err:  # pydicom raises many types for truncated data or missing codecs
+        raise ImageError("unreadable", path, f"cannot decode DICOM pixels ({_one_line(err)})") from None
+    if pixels.ndim != 2:
+        raise ImageError("not-xray", path, f"DICOM pixel array of shape {pixels.shape} is not a single gray image")
+    values = apply_modality_lut(pixels, dataset)
+    window = _window_of(dataset)
+    if dataset.get("VOILUTSequence"):
+        gray = voi_lut_to_uint8(values, dataset.VOILUTSequence[0], dataset)
+    elif window is not None:
+        gray = window_to_uint8(values, *window)
+    else:
+        gray = _to_uint8(values)
+    return 255 - gray if photometric == "MONOCHROME1" else gray
 
 
 def _load_dicom(path: Path) -> np.ndarray:
     import pydicom
     from pydicom.errors import InvalidDicomError
-    from pydicom.pixels import apply_modality_lut, apply_voi_lut
 
     try:
         dataset = pydicom.dcmread(str(path))
-    except (InvalidDicomError, OSError, EOFError, ValueError) as err:
-        raise ImageError("unreadable", path, f"not a readable DICOM file ({err})") from None
+    except InvalidDicomError:
+        raise ImageError("unreadable", path, "not a DICOM file (no DICOM preamble and file meta header)") from None
+    except (OSError, EOFError, ValueError, KeyError) as err:
+        raise ImageError("unreadable", path, f"not a readable DICOM file ({_one_line(err)})") from None
     if "PixelData" not in dataset:
         raise ImageError("unreadable", path, "DICOM file holds no pixel data")
-    if int(getattr(dataset, "NumberOfFrames", 1) or 1) > 1:
-        raise ImageError("not-xray", path, f"DICOM with {dataset.NumberOfFrames} frames is a volume, not a radiograph")
-    modality = str(getattr(dataset, "Modality", "")).upper()
-    if modality in ("CT", "MR", "PT", "NM", "US"):
-        raise ImageError("not-xray", path, f"DICOM modality {modality} is not a radiograph")
-    try:
-        pixels = dataset.pixel_array
-    except Exception as err:  # pydicom raises many types for unsupported transfer syntaxes
-        raise ImageError("unreadable", path, f"cannot decode DICOM pixels ({err})") from None
-    photometric = str(getattr(dataset, "PhotometricInterpretation", "MONOCHROME2")).upper()
-    if photometric not in ("MONOCHROME1", "MONOCHROME2"):
-        raise ImageError("not-xray", path, f"DICOM photometric {photometric} is not a grayscale radiograph")
-    pixels = apply_modality_lut(pixels, dataset)
-    pixels = apply_voi_lut(pixels, dataset)
-    gray = _to_uint8(pixels)
-    if photometric == "MONOCHROME1":
-        gray = 255 - gray
-    return gray
+    modality = str(dataset.get("Modality", "") or "").upper()
+    if modality not in XRAY_MODALITIES:
+        raise ImageError("not-xray", path, f"DICOM modality {modality} is not a radiograph (expected {', '.join(m for m in XRAY_MODALITIES if m)})")
+    frames = int(dataset.get("NumberOfFrames", 1) or 1)
+    if frames > 1:
+        raise ImageError("not-xray", path, f"DICOM with {frames} frames is a volume or series, not a radiograph")
+    return dicom_gray(dataset, path)
 
 
 def _load_raster(path: Path) -> np.ndarray:
@@ -99,7 +192,8 @@ def _load_raster(path: Path) -> np.ndarray:
         if image.shape[2] == 4:
             image = image[:, :, :3]
         spread = image.max(axis=2).astype(np.int32) - image.min(axis=2)
-        if float((spread > COLOUR_SPREAD).mean()) > COLOUR_PIXEL_SHARE:
+        levels = COLOUR_SPREAD * (257 if image.dtype == np.uint16 else 1)
+        if float((spread > levels).mean()) > COLOUR_PIXEL_SHARE:
             raise ImageError("not-xray", path, "colour image: looks like a photo, not a grayscale X-ray")
         image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)
     if image.dtype != np.uint8:
@@ -112,6 +206,8 @@ def load_gray(path: str | Path) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise ImageError("missing", path, "file not found")
+    if path.name.lower().endswith(VOLUME_SUFFIXES):
+        raise ImageError("not-xray", path, "a 3-D volume file (CT/MR), not a radiograph")
     gray = _load_dicom(path) if is_dicom(path) else _load_raster(path)
     if min(gray.shape[:2]) < 16:
         raise ImageError("unreadable", path, f"image too small ({gray.shape[1]}x{gray.shape[0]})")
@@ -129,6 +225,10 @@ def encode_png(gray: np.ndarray) -> bytes:
     return buffer.tobytes()
 
 
+def as_model_input(gray: np.ndarray, size: int) -> np.ndarray:
+    """Decoded gray image -> (size, size, 1) float32, identical to what training read from the shards."""
+    return resize_square(gray, size).astype(np.float32)[:, :, None]
+
+
 def model_input(path: str | Path, size: int) -> np.ndarray:
-    """File -> (size, size, 1) float32, identical to what training read from the shards."""
-    return resize_square(load_gray(path), size).astype(np.float32)[:, :, None]
+    return as_model_input(load_gray(path), size)

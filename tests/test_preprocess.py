@@ -1,0 +1,270 @@
+"""Issue 5: the one decode path for training and predict (PNG, JPEG, DICOM) and its refusals.
+
+Expected pixels are computed here from the raw values with the DICOM formulas
+written out independently, not by calling the code under test.
+"""
+
+from __future__ import annotations
+
+import csv
+
+import cv2
+import numpy as np
+import pydicom
+import pytest
+from pydicom.data import get_testdata_file
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+from covidxray.data.preprocess import ImageError, dicom_gray, load_gray, model_input
+
+
+def pydicom_file(name: str) -> str:
+    """One of pydicom's bundled test files; never one it would download (no network here)."""
+    path = get_testdata_file(name, download=False)
+    if path is None:
+        pytest.skip(f"{name} is not bundled with this pydicom")
+    return path
+
+
+def write_dicom(path, pixels: np.ndarray, modality: str = "DX", photometric: str = "MONOCHROME2", **attributes):
+    """A minimal single-frame DICOM file holding `pixels` (uint8/uint16/int16) as stored values."""
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.1.1"  # Digital X-Ray Image Storage
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds = Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
+    ds.Modality, ds.PatientID = modality, "TEST"
+    ds.Rows, ds.Columns = pixels.shape[:2]
+    ds.SamplesPerPixel = 1 if pixels.ndim == 2 else pixels.shape[2]
+    ds.PhotometricInterpretation = photometric
+    ds.BitsAllocated = pixels.dtype.itemsize * 8
+    ds.BitsStored = attributes.pop("BitsStored", ds.BitsAllocated)
+    ds.HighBit = ds.BitsStored - 1
+    ds.PixelRepresentation = 1 if pixels.dtype.kind == "i" else 0
+    if pixels.ndim == 3:
+        ds.PlanarConfiguration = 0
+    for key, value in attributes.items():
+        setattr(ds, key, value)
+    ds.PixelData = np.ascontiguousarray(pixels).tobytes()
+    ds.save_as(str(path), enforce_file_format=True)
+    return path
+
+
+def min_max(values: np.ndarray) -> np.ndarray:
+    values = values.astype(np.float64)
+    return np.round((values - values.min()) * 255 / (values.max() - values.min())).astype(np.uint8)
+
+
+def linear_window(values: np.ndarray, center: float, width: float) -> np.ndarray:
+    """DICOM PS3.3 C.11.2.1.2.1 'LINEAR', written case by case as the standard states it."""
+    x = values.astype(np.float64)
+    low, high = center - 0.5 - (width - 1) / 2, center - 0.5 + (width - 1) / 2
+    inside = ((x - (center - 0.5)) / (width - 1) + 0.5) * 255
+    return np.round(np.where(x <= low, 0, np.where(x > high, 255, inside))).astype(np.uint8)
+
+
+# --- pydicom's own test files ---------------------------------------------------------------
+
+
+def test_bundled_secondary_capture_is_min_max_scaled_stored_pixels():
+    path = pydicom_file("image_dfl.dcm")  # OT, MONOCHROME2, 8-bit, deflated transfer syntax, no window
+    raw = pydicom.dcmread(path).pixel_array
+    assert np.array_equal(load_gray(path), min_max(raw))
+
+
+def test_bundled_mr_window_follows_the_dicom_linear_formula():
+    ds = pydicom.dcmread(pydicom_file("MR_small.dcm"))  # 16-bit signed, window 600/1600, no rescale
+    expected = linear_window(ds.pixel_array, float(ds.WindowCenter), float(ds.WindowWidth))
+    assert np.array_equal(dicom_gray(ds), expected)
+    assert len(np.unique(expected)) > 50  # the window really spans the image's values
+
+
+@pytest.mark.parametrize("variant", ["MR_small_bigendian.dcm", "MR_small_implicit.dcm", "MR_small_RLE.dcm", "MR_small_jp2klossless.dcm", "MR_small_padded.dcm"])
+def test_every_transfer_syntax_decodes_to_the_same_pixels(variant):
+    reference = dicom_gray(pydicom.dcmread(pydicom_file("MR_small.dcm")))
+    assert np.array_equal(dicom_gray(pydicom.dcmread(pydicom_file(variant))), reference)
+
+
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("CT_small.dcm", "modality CT"),
+        ("MR_small.dcm", "modality MR"),
+        ("rtdose.dcm", "modality RTDOSE"),  # also 15 frames
+        ("liver_1frame.dcm", "modality SEG"),
+        ("examples_rgb_color.dcm", "modality US"),
+    ],
+)
+def test_bundled_non_radiographs_are_refused(name, says):
+    with pytest.raises(ImageError) as caught:
+        load_gray(pydicom_file(name))
+    assert caught.value.reason == "not-xray" and says in caught.value.detail
+
+
+def test_bundled_file_without_dicom_header_is_unreadable():
+    with pytest.raises(ImageError) as caught:
+        load_gray(pydicom_file("no_meta.dcm"))
+    assert caught.value.reason == "unreadable" and "not a DICOM file" in caught.value.detail
+
+
+# --- generated DICOMs -------------------------------------------------------------------------
+
+
+def test_monochrome1_16bit_applies_rescale_then_window_then_inverts(tmp_path):
+    stored = np.arange(64 * 64, dtype=np.uint16).reshape(64, 64)  # 0..4095: 12 bits stored
+    slope, intercept, center, width = 2.0, -1000.0, 1000.0, 2001.0
+    path = write_dicom(
+        tmp_path / "mono1.dcm", stored, photometric="MONOCHROME1", BitsStored=12,
+        RescaleSlope=slope, RescaleIntercept=intercept, WindowCenter=center, WindowWidth=width,
+    )
+    expected = 255 - linear_window(stored * slope + intercept, center, width)
+    gray = load_gray(path)
+    assert np.array_equal(gray, expected)
+    # MONOCHROME1: low values are white. Values below the window are 255, above it 0.
+    assert gray[0, 0] == 255 and gray[-1, -1] == 0
+    assert np.all(np.diff(gray.ravel().astype(int)) <= 0)
+
+
+def test_monochrome2_8bit_without_window_is_min_max(tmp_path):
+    rng = np.random.default_rng(0)
+    stored = rng.integers(30, 200, size=(40, 50), dtype=np.uint8)
+    path = write_dicom(tmp_path / "mono2.dcm", stored)
+    gray = load_gray(path)
+    assert np.array_equal(gray, min_max(stored))
+    assert gray.min() == 0 and gray.max() == 255
+
+
+def test_multiple_windows_use_the_first(tmp_path):
+    stored = np.linspace(0, 4000, 32 * 32).astype(np.uint16).reshape(32, 32)
+    path = write_dicom(tmp_path / "two-windows.dcm", stored, WindowCenter=[1500, 3000], WindowWidth=[1000, 400])
+    assert np.array_equal(load_gray(path), linear_window(stored, 1500, 1000))
+
+
+@pytest.mark.parametrize("vr", ["US", "OW"])  # LUT Data may be stored either way
+def test_voi_lut_sequence_beyond_256_entries_is_applied_exactly(tmp_path, vr):
+    stored = np.linspace(0, 5000, 48 * 48).astype(np.uint16).reshape(48, 48)
+    table = (np.sqrt(np.arange(4096) / 4095) * 200 + 20).astype(np.uint16)  # 8-bit values, 4096 entries
+    item = Dataset()
+    item.LUTDescriptor = [4096, 0, 8]
+    item.add_new(0x00283006, vr, table.tolist() if vr == "US" else table.astype("<u2").tobytes())  # LUT Data
+    path = write_dicom(tmp_path / "voi.dcm", stored, VOILUTSequence=[item], WindowCenter=100, WindowWidth=10)
+    looked_up = table[np.clip(stored, 0, 4095)].astype(np.float64)  # the LUT wins over the window
+    expected = np.round((looked_up - table.min()) * 255 / (table.max() - table.min())).astype(np.uint8)
+    assert np.array_equal(load_gray(path), expected)
+
+
+def test_signed_pixels_with_sigmoid_window(tmp_path):
+    stored = np.linspace(-2000, 2000, 32 * 32).astype(np.int16).reshape(32, 32)
+    path = write_dicom(tmp_path / "sigmoid.dcm", stored, WindowCenter=0, WindowWidth=800, VOILUTFunction="SIGMOID")
+    expected = np.round(255 / (1 + np.exp(-4 * stored.astype(np.float64) / 800))).astype(np.uint8)
+    assert np.array_equal(load_gray(path), expected)
+
+
+@pytest.mark.parametrize(
+    "pixels, attributes, says",
+    [
+        (np.zeros((3 * 32, 32), np.uint16), {"NumberOfFrames": 3, "Rows": 32}, "3 frames"),
+        (np.zeros((32, 32, 3), np.uint8), {"photometric": "RGB"}, "photometric interpretation RGB"),
+        (np.zeros((32, 32), np.uint16), {"modality": "CT"}, "modality CT"),
+    ],
+)
+def test_generated_non_radiographs_are_refused(tmp_path, pixels, attributes, says):
+    path = write_dicom(tmp_path / "bad.dcm", pixels, **attributes)
+    with pytest.raises(ImageError) as caught:
+        load_gray(path)
+    assert caught.value.reason == "not-xray" and says in caught.value.detail
+
+
+def test_truncated_pixel_data_is_unreadable(tmp_path):
+    path = write_dicom(tmp_path / "short.dcm", np.zeros((64, 64), np.uint16))
+    ds = pydicom.dcmread(path)
+    ds.PixelData = ds.PixelData[:1000]
+    ds.save_as(str(path))
+    with pytest.raises(ImageError) as caught:
+        load_gray(path)
+    assert caught.value.reason == "unreadable" and "cannot decode DICOM pixels" in caught.value.detail
+
+
+def test_dicom_without_suffix_is_recognised_by_its_preamble(tmp_path):
+    stored = np.arange(32 * 32, dtype=np.uint16).reshape(32, 32)
+    write_dicom(tmp_path / "IM0001.dcm", stored)
+    (tmp_path / "IM0001.dcm").rename(tmp_path / "IM0001")
+    assert np.array_equal(load_gray(tmp_path / "IM0001"), min_max(stored))
+
+
+# --- rasters ----------------------------------------------------------------------------------
+
+
+def test_16bit_png_is_min_max_scaled(tmp_path):
+    stored = np.linspace(1000, 40000, 40 * 40).astype(np.uint16).reshape(40, 40)
+    cv2.imwrite(str(tmp_path / "deep.png"), stored)
+    assert np.array_equal(load_gray(tmp_path / "deep.png"), min_max(stored))
+
+
+def test_gray_saved_as_rgb_equals_the_gray_image(tmp_path):
+    gray = np.tile(np.arange(0, 256, 4, dtype=np.uint8), (64, 1))
+    cv2.imwrite(str(tmp_path / "gray.png"), gray)
+    cv2.imwrite(str(tmp_path / "rgb.png"), cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR))
+    assert np.array_equal(load_gray(tmp_path / "rgb.png"), gray)
+    assert np.array_equal(load_gray(tmp_path / "gray.png"), gray)
+
+
+def test_jpeg_decodes_to_gray(tmp_path):
+    gray = np.tile(np.arange(0, 256, 4, dtype=np.uint8), (64, 1))
+    cv2.imwrite(str(tmp_path / "x.jpg"), gray, [cv2.IMWRITE_JPEG_QUALITY, 100])
+    decoded = load_gray(tmp_path / "x.jpg")
+    assert decoded.shape == gray.shape and np.abs(decoded.astype(int) - gray).max() <= 3
+
+
+@pytest.mark.parametrize(
+    "name, content, reason",
+    [
+        ("empty.png", b"", "empty"),
+        ("broken.png", b"\x89PNG\r\n\x1a\n not really", "unreadable"),
+        ("notes.txt", b"clinical notes, not an image", "unreadable"),
+        ("volume.nii.gz", b"\x1f\x8b whatever", "not-xray"),
+        ("fake.dcm", b"plain text with a .dcm name", "unreadable"),
+    ],
+)
+def test_bad_files_get_a_reason(tmp_path, name, content, reason):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ImageError) as caught:
+        load_gray(tmp_path / name)
+    assert caught.value.reason == reason and name in str(caught.value)
+
+
+def test_colour_photo_and_missing_and_tiny_files_are_refused(tmp_path):
+    photo = np.zeros((64, 64, 3), np.uint8)
+    photo[:, :32] = (0, 0, 255)
+    photo[:, 32:] = (0, 200, 0)
+    cv2.imwrite(str(tmp_path / "photo.png"), photo)
+    cv2.imwrite(str(tmp_path / "tiny.png"), np.zeros((8, 8), np.uint8))
+    for name, reason in (("photo.png", "not-xray"), ("absent.png", "missing"), ("tiny.png", "unreadable")):
+        with pytest.raises(ImageError) as caught:
+            load_gray(tmp_path / name)
+        assert caught.value.reason == reason, name
+
+
+# --- training and predict see the same pixels -------------------------------------------------
+
+
+def test_predict_input_equals_the_training_shard_pixels(synthetic_data):
+    from covidxray.data.prepare import load_manifest, shard_paths
+    from covidxray.data.tfrecord import read_records
+
+    size = int(load_manifest(synthetic_data)["image_size"])
+    with open(synthetic_data / "splits.csv", newline="") as handle:
+        files = {(row["patient_id"], row["image"].rsplit("/", 1)[-1]): row["image"] for row in csv.DictReader(handle)}
+    checked = 0
+    for record in read_records(shard_paths(synthetic_data, "test")[:1]):
+        _source, rest = record["record_id"].split(":", 1)  # "<source>:<file name>:<patient id>"
+        name, patient = rest.split(":", 1)
+        raw = files[(patient, name)]
+        assert np.array_equal(model_input(raw, size), record["image"].astype(np.float32)), raw
+        checked += 1
+        if checked == 10:
+            break
+    assert checked == 10
