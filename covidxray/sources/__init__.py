@@ -8,7 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from covidxray.config import ConfigError, from_dict
-from covidxray.sources import synthetic  # noqa: F401  (registers)
+from covidxray.sources import (  # noqa: F401  (importing registers)
+    chest_xray_pneumonia,
+    covid19_talo,
+    covid_chestxray,
+    kermany,
+    synthetic,
+)
 from covidxray.sources.base import SOURCE_REGISTRY, Dropped, Record, Source, SourceOptions
 
 __all__ = ["SOURCE_REGISTRY", "Dropped", "Record", "Source", "SourceOptions", "build_source"]

@@ -1,0 +1,82 @@
+"""ieee8023/covid-chestxray-dataset: metadata.csv + images/, one row per image.
+
+The CSV exists in two header generations (the later one ends in a trailing
+comma, so every row has an extra empty field) and mixes X-rays with CT
+slices and CT volumes. Only frontal X-rays are kept; every other row is
+dropped with the reason it was not used.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Iterator
+
+from covidxray.errors import UserError
+from covidxray.sources.base import Dropped, Record, register_source
+from covidxray.sources.fetch import DescribedSource
+
+METADATA = "metadata.csv"
+REQUIRED = ("patientid", "finding", "view", "filename")
+VOLUME_SUFFIXES = (".nii", ".nii.gz", ".mha", ".nrrd")
+
+
+def is_frontal(view: str) -> bool:
+    """PA and every AP variant (AP, AP Supine, AP erect, AP semi erect, APS); not L, Axial, Coronal."""
+    view = " ".join(view.upper().replace("-", " ").split())
+    return view in ("PA", "AP", "APS") or view.startswith(("AP ", "PA "))
+
+
+def read_metadata(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line, row) pairs with header names stripped and lower-cased; the trailing empty column is ignored."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+        reader = csv.reader(handle)
+        try:
+            header = [name.strip().lower() for name in next(reader)]
+        except StopIteration:
+            raise UserError(f"{path} is empty; expected the covid-chestxray metadata header") from None
+        missing = [name for name in REQUIRED if name not in header]
+        if missing:
+            raise UserError(f"{path}: column(s) {', '.join(missing)} missing from the header; is this the ieee8023 metadata.csv?")
+        try:
+            for values in reader:
+                if any(v.strip() for v in values):
+                    yield reader.line_num, {name: value.strip() for name, value in zip(header, values) if name}
+        except csv.Error as err:
+            raise UserError(f"{path} line {reader.line_num}: malformed CSV ({err})") from None
+
+
+@register_source
+class CovidChestXraySource(DescribedSource):
+    name = "covid-chestxray"
+    archive_key = "github-master"
+
+    def is_root(self, folder: Path) -> bool:
+        return (folder / METADATA).is_file() and (folder / "images").is_dir()
+
+    def records(self, root: Path) -> Iterator[Record | Dropped]:
+        for line, row in read_metadata(root / METADATA):
+            yield self._record(root, f"{METADATA}:{line} ({row.get('filename', '')})", row)
+
+    def _record(self, root: Path, where: str, row: dict[str, str]) -> Record | Dropped:
+        filename, folder = row.get("filename", ""), row.get("folder") or "images"
+        modality, view, finding = row.get("modality", ""), row.get("view", ""), row.get("finding", "")
+        if not filename:
+            return Dropped("row without filename", where)
+        if folder.lower() == "volumes" or filename.lower().endswith(VOLUME_SUFFIXES):
+            return Dropped("CT volume (volumes/), not a radiograph", where)
+        if modality and modality.casefold() != "x-ray":
+            return Dropped(f"modality {modality} is not X-ray", where)
+        if not is_frontal(view):
+            return Dropped(f"view {view or '(blank)'} is not frontal", where)
+        if self.descriptor.is_unlabelled(finding):
+            return Dropped("finding not labelled yet (todo/Unknown)", where, finding)
+        label = self.descriptor.label_for(finding) if finding else None
+        if label is None:
+            return Dropped(f"unknown finding {finding or '(blank)'!r}", where)
+        if not row.get("patientid"):
+            return Dropped("row without patientid", where)
+        image = root / folder / filename
+        if not image.is_file():
+            return Dropped("image file listed in metadata.csv is missing", where, str(image))
+        return Record(image=image, label=label, patient_id=f"{self.name}:{row['patientid']}", source=self.name, view=view)
