@@ -34,6 +34,8 @@ class DataConfig:
     test_fraction: float = 0.15
     records_per_shard: int = 256
     workers: int = 0  # 0: one per core
+    # Perceptual (256-bit hash) Hamming distance counted as a duplicate; -1: exact duplicates only.
+    dedup_max_distance: int = 12
     seed: int = 0
 
 

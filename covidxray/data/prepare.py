@@ -1,10 +1,16 @@
 """`covidxray prepare`: sources -> harmonised, deduplicated, patient-split, sharded TFRecords.
 
-Shards are planned up front from the sorted record list, so the plan (and
-every shard's bytes) depends only on the inputs and the config. Each finished
-shard gets a small JSON receipt; a re-run or a resumed run skips shards whose
-receipt matches the plan, which makes a killed run cheap to restart and
-yields identical shards.
+Order matters: every image is decoded once (in parallel, cached), then
+duplicates are removed, then patients are split, then shards are written
+from the decoded cache. Shards are planned from the sorted record list, so
+the plan (and every shard's bytes) depends only on the inputs and the config.
+Each finished shard gets a small JSON receipt; a re-run or a resumed run
+skips shards whose receipt matches the plan, which makes a killed run cheap
+to restart and yields identical shards.
+
+Nothing unusable is silent: every dropped row or file is counted per reason
+in manifest.json and listed in dropped.csv; every removed duplicate in
+duplicates.csv; every kept image with its patient and split in splits.csv.
 """
 
 from __future__ import annotations
@@ -12,40 +18,54 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import multiprocessing
 import os
 import time
-from collections import Counter
-from dataclasses import asdict
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from covidxray.config import DataConfig
-from covidxray.data import preprocess
-from covidxray.errors import UserError
+from covidxray.data import dedup, preprocess
+from covidxray.data.image_cache import Decoded, ImageCache, cache_path
 from covidxray.data.labels import Task, get_task
 from covidxray.data.split import SPLITS, patients_overlap, split_by_patient
+from covidxray.errors import UserError
 from covidxray.sources import Dropped, Record, build_source
+from covidxray.sources.descriptors import dedup_priority
 
 MANIFEST = "manifest.json"
 SPLIT_TABLE = "splits.csv"  # every kept image, its patient and its split: the audit trail of the split
+DROPPED_TABLE = "dropped.csv"  # every row or file not used, and why
+DUPLICATE_TABLE = "duplicates.csv"  # every removed copy and the image kept in its place
+MAX_DEDUP_DISTANCE = 32
 Progress = Callable[..., None]  # progress(done, total=None)
 
 
-def collect_records(config: DataConfig, task: Task, cache_dir: Path) -> tuple[list[Record], Counter]:
-    records: list[Record] = []
-    dropped: Counter = Counter()
+@dataclass
+class Collected:
+    records: list[Record] = field(default_factory=list)
+    dropped: list[tuple[str, Dropped]] = field(default_factory=list)  # (source, why)
+    sources: dict[str, dict] = field(default_factory=dict)
+
+
+def collect_records(config: DataConfig, task: Task, cache_dir: Path) -> Collected:
+    collected = Collected()
     for name, options in config.sources.items():
         source = build_source(name, options)
         root = source.fetch(cache_dir / name)
+        found = 0
         for item in source.records(root):
             if isinstance(item, Dropped):
-                dropped[f"{name}: {item.reason}"] += 1
+                collected.dropped.append((name, item))
             elif task.class_of(item.label) is None:
-                dropped[f"{name}: label {item.label!r} not in task {task.name}"] += 1
+                collected.dropped.append((name, Dropped(f"label {item.label!r} not in task {task.name}", str(item.image))))
             else:
-                records.append(item)
-    return records, dropped
+                collected.records.append(item)
+                found += 1
+        collected.sources[name] = {"root": str(root), **getattr(source, "provenance", {}), "records_found": found}
+    collected.records.sort(key=lambda r: (r.record_id, str(r.image)))
+    return collected
 
 
 def plan_shards(splits: dict[str, list[Record]], records_per_shard: int) -> list[tuple[str, list[Record]]]:
@@ -59,40 +79,20 @@ def plan_shards(splits: dict[str, list[Record]], records_per_shard: int) -> list
     return plan
 
 
-def _fingerprint(records: list[Record], task: Task, image_size: int) -> str:
-    digest = hashlib.sha256(f"{task.name}|{image_size}|".encode())
+def _fingerprint(records: list[Record], task: Task, image_size: int, decoded: dict[str, Decoded]) -> str:
+    digest = hashlib.sha256(f"{task.name}|{image_size}|{dedup.HASH_VERSION}|".encode())
     for r in records:
-        digest.update(f"{r.record_id}|{r.image}|{r.label}\n".encode())
+        digest.update(f"{r.record_id}|{r.image}|{r.label}|{decoded[str(r.image)].pixel_sha256.hex()}\n".encode())
     return digest.hexdigest()
 
 
-def _decode_one(job: tuple[str, int]) -> tuple[bytes | None, str, str]:
-    """Worker: file -> resized PNG bytes, or (None, reason, message)."""
-    path, size = job
-    try:
-        return preprocess.encode_png(preprocess.resize_square(preprocess.load_gray(path), size)), "", ""
-    except preprocess.ImageError as err:
-        return None, err.reason, str(err)
-
-
-def _write_shard(path: Path, records: list[Record], task: Task, size: int, pool, fingerprint: str, progress: Progress) -> dict:
+def _write_shard(path: Path, records: list[Record], task: Task, cache: ImageCache, fingerprint: str, progress: Progress) -> dict:
     from covidxray.data import tfrecord
 
-    classes: Counter = Counter()
-    sources: Counter = Counter()
-    skipped: Counter = Counter()
-    errors: list[str] = []
-
     def examples():
-        jobs = [(str(r.image), size) for r in records]
-        for record, (png, reason, message) in zip(records, pool.imap(_decode_one, jobs, chunksize=8)):
+        for record in records:
             progress(1)
-            if png is None:
-                skipped[f"{record.source}: image {reason}"] += 1
-                errors.append(message)
-                continue
-            classes[task.class_of(record.label)] += 1
-            sources[record.source] += 1
+            png = cache.png(str(record.image))
             yield tfrecord.make_example(png, task.index_of(record.label), record.patient_id, record.source, record.record_id)
 
     written = tfrecord.write_shard(path, examples())
@@ -101,12 +101,8 @@ def _write_shard(path: Path, records: list[Record], task: Task, size: int, pool,
         "split": path.name.split("-")[0],
         "fingerprint": fingerprint,
         "records": written,
+        "bytes": path.stat().st_size,
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-        "classes": dict(classes),
-        "sources": dict(sources),
-        "patients": len({r.patient_id for r in records}),
-        "skipped": dict(skipped),
-        "errors": errors[:20],
     }
     tmp = path.with_suffix(".json.partial")
     tmp.write_text(json.dumps(receipt, indent=1))
@@ -114,64 +110,115 @@ def _write_shard(path: Path, records: list[Record], task: Task, size: int, pool,
     return receipt
 
 
-def write_split_table(path: Path, splits: dict[str, list[Record]], task: Task) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["split", "patient_id", "source", "label", "class", "view", "image"])
-        for split in SPLITS:
-            for r in splits[split]:
-                writer.writerow([split, r.patient_id, r.source, r.label, task.class_of(r.label), r.view, str(r.image)])
-    os.replace(tmp, path)
-
-
 def _receipt_if_done(path: Path, fingerprint: str) -> dict | None:
     receipt_path = path.with_suffix(".json")
     if not (path.is_file() and receipt_path.is_file()):
         return None
     receipt = json.loads(receipt_path.read_text())
-    return receipt if receipt.get("fingerprint") == fingerprint else None
+    done = receipt.get("fingerprint") == fingerprint and receipt.get("bytes") == path.stat().st_size
+    return receipt if done else None
+
+
+def _write_csv(path: Path, header: list[str], rows) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def write_split_table(path: Path, splits: dict[str, list[Record]], task: Task) -> None:
+    rows = ([s, r.patient_id, r.source, r.label, task.class_of(r.label), r.view, str(r.image)] for s in SPLITS for r in splits[s])
+    _write_csv(path, ["split", "patient_id", "source", "label", "class", "view", "image"], rows)
+
+
+def _decode(records: list[Record], config: DataConfig, cache: ImageCache, progress: Progress, log) -> tuple[list[Record], dict[str, Decoded], list[tuple[str, Dropped]]]:
+    paths = [str(r.image) for r in records]
+    progress(0, len(set(paths)))
+    decoded = cache.decode_all(paths, config.image_size, config.workers or os.cpu_count() or 1, progress)
+    usable, failed = [], []
+    for record in records:
+        outcome = decoded[str(record.image)]
+        if outcome.ok:
+            usable.append(record)
+        else:
+            failed.append((record.source, Dropped(f"image {outcome.reason}", str(record.image), outcome.message)))
+    counts = Counter(f"{source}: {item.reason}" for source, item in failed)
+    examples: dict[str, str] = {}
+    for source, item in failed:
+        examples.setdefault(f"{source}: {item.reason}", item.detail)
+    for reason, example in examples.items():
+        log(f"skipped {counts[reason]} file(s) ({reason}), e.g. {example}")
+    return usable, decoded, failed
+
+
+def _no_records(what: str, task: Task, config: DataConfig, dropped: list[tuple[str, Dropped]]) -> UserError:
+    top = Counter(f"{s}: {d.reason}" for s, d in dropped).most_common(3)
+    hint = "; most common drops: " + "; ".join(f"{n} x {reason}" for reason, n in top) if top else ""
+    return UserError(f"no usable {what} for task {task.name} in sources {', '.join(config.sources)}{hint}")
 
 
 def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[[str], None] = print) -> dict:
     """Run the whole preparation; returns the manifest it wrote."""
     started = time.time()
     task = get_task(config.task)
+    if not -1 <= config.dedup_max_distance <= MAX_DEDUP_DISTANCE:
+        raise UserError(f"data.dedup_max_distance={config.dedup_max_distance}: use -1 (exact duplicates only) to {MAX_DEDUP_DISTANCE}")
+    progress = progress or (lambda done, total=None: None)
     out = Path(config.data_dir)
     shard_dir = out / "shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
 
-    records, dropped = collect_records(config, task, out / "raw")
-    if not records:
-        raise UserError(f"no usable records for task {task.name} in sources {', '.join(config.sources)}")
-    splits = split_by_patient(records, task, config.val_fraction, config.test_fraction, config.seed)
-    overlap = patients_overlap(splits)
-    if overlap:
-        raise AssertionError(f"patient split is unsound: {overlap[:5]} in several splits")
-    write_split_table(out / SPLIT_TABLE, splits, task)
-    plan = plan_shards(splits, config.records_per_shard)
-    planned = {name for name, _ in plan}
-    for stale in shard_dir.iterdir():  # shards of an earlier, different plan
-        if stale.name.endswith(".partial") or stale.name.split(".")[0] + ".tfrecord" not in planned:
-            stale.unlink()
+    collected = collect_records(config, task, out / "raw")
+    dropped = collected.dropped
+    if not collected.records:
+        raise _no_records("records", task, config, dropped)
+    with ImageCache(cache_path(out, config.image_size)) as cache:
+        usable, decoded, failed = _decode(collected.records, config, cache, progress, log)
+        dropped += failed
+        if not usable:
+            raise _no_records("images", task, config, dropped)
+        hashes = {str(r.image): (decoded[str(r.image)].pixel_sha256, decoded[str(r.image)].phash) for r in usable}
+        priorities = {name: dedup_priority(name) for name in config.sources}
+        deduped = dedup.deduplicate(usable, hashes, priorities, config.dedup_max_distance)
+        if deduped.duplicates:
+            summary = deduped.summary()
+            log(f"removed {summary['total']} duplicate image(s) ({summary['exact']} exact, {summary['perceptual']} near); "
+                f"merged {summary['patients_merged']} patient id(s); see {DUPLICATE_TABLE}")
 
-    progress = progress or (lambda done, total=None: None)
-    progress(0, sum(len(chunk) for _, chunk in plan))
-    workers = config.workers or os.cpu_count() or 1
-    receipts, reused = [], 0
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        splits = split_by_patient(deduped.kept, task, config.val_fraction, config.test_fraction, config.seed)
+        overlap = patients_overlap(splits)
+        if overlap:
+            raise AssertionError(f"patient split is unsound: {overlap[:5]} in several splits")
+        write_split_table(out / SPLIT_TABLE, splits, task)
+        _write_csv(out / DROPPED_TABLE, ["source", "reason", "where", "detail"], ([s, d.reason, d.where, d.detail] for s, d in dropped))
+        _write_csv(
+            out / DUPLICATE_TABLE,
+            ["kind", "distance", "removed_source", "removed_image", "removed_patient", "kept_source", "kept_image", "kept_patient"],
+            ([d.kind, d.distance, d.removed.source, str(d.removed.image), d.removed.patient_id, d.kept.source, str(d.kept.image), d.kept.patient_id] for d in deduped.duplicates),
+        )
+
+        plan = plan_shards(splits, config.records_per_shard)
+        planned = {name for name, _ in plan}
+        for stale in shard_dir.iterdir():  # shards of an earlier, different plan
+            if stale.name.endswith(".partial") or stale.name.split(".")[0] + ".tfrecord" not in planned:
+                stale.unlink()
+        decode_total = len({str(r.image) for r in collected.records})
+        progress(0, decode_total + sum(len(chunk) for _, chunk in plan))
+        receipts, reused = [], 0
         for name, chunk in plan:
             path = shard_dir / name
-            fingerprint = _fingerprint(chunk, task, config.image_size)
+            fingerprint = _fingerprint(chunk, task, config.image_size, decoded)
             receipt = _receipt_if_done(path, fingerprint)
             if receipt is None:
-                receipt = _write_shard(path, chunk, task, config.image_size, pool, fingerprint, progress)
+                receipt = _write_shard(path, chunk, task, cache, fingerprint, progress)
             else:
                 reused += 1
                 progress(len(chunk))
             receipts.append(receipt)
 
-    manifest = build_manifest(config, task, splits, receipts, dropped)
+    manifest = build_manifest(config, task, splits, receipts, dropped, deduped, collected.sources)
     manifest["shards_reused"] = reused
     manifest["seconds"] = round(time.time() - started, 2)
     tmp = out / (MANIFEST + ".partial")
@@ -180,23 +227,28 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
     return manifest
 
 
-def build_manifest(config: DataConfig, task: Task, splits, receipts: list[dict], dropped: Counter) -> dict:
-    skipped: Counter = Counter(dropped)
-    per_split: dict[str, dict] = {}
-    for split in SPLITS:
-        mine = [r for r in receipts if r["split"] == split]
-        classes: Counter = Counter()
-        sources: Counter = Counter()
-        for receipt in mine:
-            classes.update(receipt["classes"])
-            sources.update(receipt["sources"])
-            skipped.update(receipt["skipped"])
-        per_split[split] = {
-            "records": sum(r["records"] for r in mine),
-            "patients": len({rec.patient_id for rec in splits[split]}),
-            "classes": {c: classes.get(c, 0) for c in task.classes},
-            "sources": dict(sorted(sources.items())),
-        }
+def _split_summary(records: list[Record], task: Task) -> dict:
+    classes = Counter(task.class_of(r.label) for r in records)
+    by_source: dict[str, Counter] = defaultdict(Counter)
+    for r in records:
+        by_source[r.source][task.class_of(r.label)] += 1
+    return {
+        "records": len(records),
+        "patients": len({r.patient_id for r in records}),
+        "classes": {c: classes.get(c, 0) for c in task.classes},
+        "sources": {s: sum(c.values()) for s, c in sorted(by_source.items())},
+        "source_classes": {s: {c: counts.get(c, 0) for c in task.classes} for s, counts in sorted(by_source.items())},
+    }
+
+
+def build_manifest(config: DataConfig, task: Task, splits, receipts: list[dict], dropped, deduped: dedup.DedupResult, sources: dict) -> dict:
+    per_split = {split: _split_summary(splits[split], task) for split in SPLITS}
+    for split in SPLITS:  # the shards hold exactly the split: checked, not assumed
+        in_shards = sum(r["records"] for r in receipts if r["split"] == split)
+        if in_shards != per_split[split]["records"]:
+            raise AssertionError(f"{split}: shards hold {in_shards} records, the split {per_split[split]['records']}")
+    reasons = Counter(f"{source}: {item.reason}" for source, item in dropped)
+    kept_per_source = Counter(r.source for split in SPLITS for r in splits[split])
     return {
         "format": "covidxray-shards/1",
         "task": task.name,
@@ -204,8 +256,18 @@ def build_manifest(config: DataConfig, task: Task, splits, receipts: list[dict],
         "image_size": config.image_size,
         "preprocessing": preprocess.PREPROCESSING,
         "splits": per_split,
-        "patient_disjoint": True,
-        "dropped": dict(sorted(skipped.items())),
+        "patient_disjoint": not patients_overlap(splits),
+        "sources": {name: {**info, "records_kept": kept_per_source.get(name, 0)} for name, info in sources.items()},
+        "dropped": dict(sorted(reasons.items())),
+        "dropped_total": len(dropped),
+        "duplicates_removed": deduped.summary(),
+        "dedup": {
+            "exact": "sha256 of decoded full-resolution gray pixels",
+            "perceptual": f"256-bit DCT hash, Hamming distance <= {config.dedup_max_distance} between different patients",
+            "keep": "lowest source priority, then source name, then record id",
+            "priority": {name: dedup_priority(name) for name in config.sources},
+        },
+        "tables": {"splits": SPLIT_TABLE, "dropped": DROPPED_TABLE, "duplicates": DUPLICATE_TABLE},
         "shards": [{k: r[k] for k in ("file", "split", "records", "sha256")} for r in receipts],
         "data_config": asdict(config),
     }
