@@ -104,9 +104,10 @@ def train(
     epochs: Optional[int] = typer.Option(None),
     batch_size: Optional[int] = typer.Option(None, help="Per rank."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --run-dir."),
+    elastic: Optional[bool] = typer.Option(None, "--elastic", help="Elastic job (horovodrun --min-np/--max-np/--host-discovery-script): survives losing workers."),
 ):
-    """Train (single process, or one rank under `horovodrun`)."""
-    cfg = run(lambda: resolve(config, sets, data__data_dir=data_dir, train__run_dir=run_dir, train__model=model, train__epochs=epochs, train__batch_size=batch_size))
+    """Train (single process, or one rank under `horovodrun` / `mpirun`)."""
+    cfg = run(lambda: resolve(config, sets, data__data_dir=data_dir, train__run_dir=run_dir, train__model=model, train__epochs=epochs, train__batch_size=batch_size, train__elastic=elastic))
 
     def go():
         from covidxray.train.trainer import train as do_train

@@ -52,6 +52,7 @@ class TrainConfig:
     class_weights: bool = True
     shuffle_buffer: int = 512
     early_stopping_patience: int = 0  # epochs without val AUC gain; 0 disables
+    elastic: bool = False  # launched by horovodrun --min-np/--max-np/--host-discovery-script
     seed: int = 0
 
 

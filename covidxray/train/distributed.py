@@ -5,22 +5,77 @@ operations training needs, so moving off `horovod.tensorflow.keras` (e.g. to
 a custom loop with `hvd.DistributedGradientTape` once Keras 3 is required)
 touches only this file. Without a Horovod launcher in the environment the
 world is a single process and Horovod is never imported.
+
+Training state (model, optimizer, epoch counters, history) lives in a state
+object that `World.run` synchronises from rank 0 before training starts. In
+elastic mode that object is Horovod's `KerasState`: when a worker is lost,
+the survivors roll back to the last commit (an epoch boundary), re-form the
+ring and call the training function again with the new rank and size.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import shutil
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import tensorflow as tf
+
+from covidxray.errors import UserError
 
 _LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 
 def launched_by_horovod() -> bool:
     return any(v in os.environ for v in _LAUNCHER_VARIABLES)
+
+
+def launched_elastic() -> bool:
+    """horovodrun sets this for `--min-np/--max-np/--host-discovery-script` jobs."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+class StaticState:
+    """Training state of a fixed-size job: rank 0's values are broadcast once, before training.
+
+    Mirrors the part of Horovod's elastic `KerasState` interface that training
+    uses (attributes, `sync`, `commit`), so the trainer has a single code path.
+    """
+
+    def __init__(self, world: "World", model: tf.keras.Model, optimizer, **values: Any):
+        self._world, self._model, self._optimizer, self._names = world, model, optimizer, list(values)
+        self.__dict__.update(values)
+
+    def sync(self) -> None:
+        self._world.broadcast_variables(list(self._model.variables) + list(self._optimizer.variables))
+        values = self._world.broadcast_object({name: getattr(self, name) for name in self._names})
+        self.__dict__.update(values)
+
+    def commit(self) -> None:
+        """Nothing to keep in memory: a fixed-size job does not roll back."""
+
+
+class CommitEpoch(tf.keras.callbacks.Callback):
+    """Last callback of every epoch: record the finished epoch and commit the state.
+
+    Horovod's `UpdateEpochStateCallback` counts epochs from 0 in each `fit`;
+    training here passes `initial_epoch`, so Keras epochs are absolute already
+    and the count is simply `epoch + 1`. Committing only at epoch ends means a
+    lost worker costs at most the epoch in progress, which is then redone
+    with the surviving ranks, and keeps the per-batch loop free of copies.
+    """
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.epoch = epoch + 1
+        self.state.commit()
 
 
 @dataclass
@@ -30,6 +85,7 @@ class World:
     local_rank: int = 0
     local_size: int = 1
     hvd: Any = None
+    elastic: bool = False
 
     @property
     def is_root(self) -> bool:
@@ -39,17 +95,29 @@ class World:
     def hostname(self) -> str:
         return socket.gethostname()
 
+    @property
+    def cores_per_rank(self) -> int:
+        return max(1, (os.cpu_count() or 1) // max(1, self.local_size))
+
+    def refresh(self) -> None:
+        """Re-read rank and size (they change when an elastic job gains or loses workers)."""
+        if self.hvd is not None:
+            self.rank, self.size = self.hvd.rank(), self.hvd.size()
+            self.local_rank, self.local_size = self.hvd.local_rank(), self.hvd.local_size()
+
     def distributed_optimizer(self, optimizer):
         return optimizer if self.hvd is None else self.hvd.DistributedOptimizer(optimizer)
 
     def callbacks(self, scaled_lr: float, warmup_epochs: int, steps_per_epoch: int) -> list:
-        """Broadcast initial state from rank 0, average metrics before any metric-driven callback, warm up the LR."""
+        """Average metrics before any metric-driven callback; warm the LR up from lr to lr x size.
+
+        No broadcast callback: `World.run` broadcasts (or elastically syncs)
+        rank 0's state before the first step, so every rank starts from the
+        same, possibly resumed, weights and optimizer slots.
+        """
         if self.hvd is None:
             return []
-        callbacks = [
-            self.hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-            self.hvd.callbacks.MetricAverageCallback(),
-        ]
+        callbacks = [self.hvd.callbacks.MetricAverageCallback()]
         if warmup_epochs > 0 and self.size > 1:
             callbacks.append(
                 self.hvd.callbacks.LearningRateWarmupCallback(
@@ -58,27 +126,57 @@ class World:
             )
         return callbacks
 
-    def allgather_object(self, obj: Any) -> list:
-        if self.hvd is None:
-            return [obj]
-        import horovod.tensorflow as hvd_tf  # the object collectives live in the core module
+    def make_state(self, model: tf.keras.Model, optimizer, **values: Any):
+        if self.elastic:
+            return self.hvd.elastic.KerasState(model, optimizer, **values)
+        return StaticState(self, model, optimizer, **values)
 
-        return hvd_tf.allgather_object(obj)
+    def run(self, train_fn: Callable[[Any], Any], state) -> Any:
+        """Call `train_fn(state)` once everyone holds rank 0's state; elastic: again after each membership change."""
+        if not self.elastic:
+            state.sync()
+            return train_fn(state)
+
+        def attempt(current_state):
+            self.refresh()
+            return train_fn(current_state)
+
+        return self.hvd.elastic.run(attempt)(state)
+
+    def broadcast_variables(self, variables: list) -> None:
+        if self.hvd is not None and self.size > 1:
+            _core().broadcast_variables(variables, root_rank=0)
+
+    def allgather_object(self, obj: Any) -> list:
+        return [obj] if self.hvd is None else _core().allgather_object(obj)
 
     def broadcast_object(self, obj: Any) -> Any:
-        if self.hvd is None:
-            return obj
-        import horovod.tensorflow as hvd_tf
+        return obj if self.hvd is None else _core().broadcast_object(obj, root_rank=0)
 
-        return hvd_tf.broadcast_object(obj, root_rank=0)
+
+def _core():
+    """`horovod.tensorflow`: the variable and object collectives live there, not in its keras module."""
+    import horovod.tensorflow as hvd_tf
+
+    return hvd_tf
 
 
 def configure_threads(local_size: int) -> None:
     """Split the board's cores between the ranks on it, so ranks do not fight over cores."""
-    cores = os.cpu_count() or 1
-    per_rank = max(1, cores // max(1, local_size))
+    per_rank = max(1, (os.cpu_count() or 1) // max(1, local_size))
     tf.config.threading.set_intra_op_parallelism_threads(per_rank)
     tf.config.threading.set_inter_op_parallelism_threads(min(2, per_rank))
+
+
+def check_launch_mode(elastic: bool) -> None:
+    """`--elastic` must match how the job was launched: elastic jobs need the elastic state machinery."""
+    if elastic and not launched_elastic():
+        raise UserError(
+            "--elastic needs an elastic launch: horovodrun -np N --min-np MIN --max-np MAX "
+            "--host-discovery-script scripts/discover_hosts.sh covidxray train --elastic ..."
+        )
+    if launched_elastic() and not elastic:
+        raise UserError("this job was launched elastically (horovodrun --min-np/--max-np/--host-discovery-script): add --elastic")
 
 
 def init_world() -> World:
@@ -89,4 +187,37 @@ def init_world() -> World:
 
     hvd.init()
     configure_threads(hvd.local_size())
-    return World(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(), hvd=hvd)
+    world = World(hvd=hvd, elastic=launched_elastic())
+    world.refresh()
+    return world
+
+
+def _quietly(fn: Callable[[], Any]) -> Any:
+    with contextlib.redirect_stderr(io.StringIO()):
+        return fn()
+
+
+def horovod_build() -> dict:
+    """What the installed Horovod was built with, by Horovod's own checks (for `covidxray doctor`)."""
+    try:
+        import horovod
+        from horovod.common import util
+    except ImportError as err:
+        return {"installed": False, "error": str(err)}
+    from horovod.runner import mpi_run
+
+    mpirun = shutil.which("mpirun")
+    return {
+        "installed": True,
+        "version": horovod.__version__,
+        "frameworks": {name: bool(util.extension_available(name)) for name in ("tensorflow", "torch", "mxnet")},
+        "controllers": {"gloo": bool(util.gloo_built()), "mpi": bool(util.mpi_built())},
+        "tensor_operations": {
+            "gloo": bool(util.gloo_built()), "mpi": bool(util.mpi_built()), "nccl": bool(util.nccl_built()),
+            "ddl": bool(util.ddl_built()), "ccl": bool(util.ccl_built()),
+        },
+        "mpirun": mpirun or "",
+        # horovodrun --mpi recognises MPICH only when `mpirun --version` says "MPICH"; Debian's
+        # MPICH 4 prints "HYDRA build details" instead (fixed upstream after 0.28.1, horovod#3984).
+        "horovodrun_mpi_detects": _quietly(mpi_run._get_mpi_implementation) if mpirun else "",
+    }

@@ -1,15 +1,22 @@
 """`covidxray train`: Keras fit over the shards, single process or one Horovod rank of many.
 
 Only rank 0 touches the run folder. Every write there is atomic (temp file or
-folder, then rename), so a run killed at any instant leaves the last complete
-checkpoint and best model intact for `--resume`.
+folder, then rename), and `checkpoints/latest.json` is the commit point: it
+names a complete checkpoint folder, so a run killed at any instant resumes
+from the last finished epoch with its optimizer state (`--resume`).
+
+What rank 0 would need to carry on (epoch, history, best score, early-stopping
+count) is replicated state on every rank, so that in an elastic job any
+survivor can take over as rank 0 with the full history.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -22,19 +29,23 @@ from covidxray.config import Config
 from covidxray.data.prepare import load_manifest, manifest_sha256, shard_paths
 from covidxray.data.preprocess import PREPROCESSING
 from covidxray.errors import UserError
-from covidxray.train.distributed import World, init_world
+from covidxray.train.distributed import CommitEpoch, World, check_launch_mode, init_world
 from covidxray.train.input import make_dataset
+from covidxray.train.metrics import cross_entropy, macro_auc
 from covidxray.train.models import build_model
 
 MODEL_FILE = "model.keras"
 MODEL_CARD = "model.json"
 TRAIN_LOG = "train_log.json"
+CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
+PARTIAL = ".partial"
 KEEP_CHECKPOINTS = 2
+MONITOR = "val_auc"  # macro one-vs-rest ROC AUC on the validation split
 
 
 def write_json(path: Path, payload: Any) -> None:
-    tmp = path.with_name(path.name + ".partial")
+    tmp = path.with_name(path.name + PARTIAL)
     tmp.write_text(json.dumps(payload, indent=2))
     os.replace(tmp, path)
 
@@ -46,84 +57,169 @@ def class_weights(counts: dict[str, int], labels: list[str]) -> dict[int, float]
     return {i: (total / (len(present) * counts[c]) if counts.get(c, 0) else 0.0) for i, c in enumerate(labels)}
 
 
-class Checkpointer(tf.keras.callbacks.Callback):
-    """Rank 0: per-epoch resumable checkpoint (model + optimizer) and the best model by val AUC."""
+def clean_metrics(logs: dict) -> dict:
+    """Keras logs -> JSON-safe floats (an undefined metric is None, not NaN)."""
+    values = {k: float(v) for k, v in (logs or {}).items()}
+    return {k: (None if math.isnan(v) else v) for k, v in values.items()}
 
-    def __init__(self, run_dir: Path, checkpoint: tf.train.Checkpoint, card: dict, monitor: str = "val_auc"):
+
+class Validation(tf.keras.callbacks.Callback):
+    """Validation metrics from every rank's slice of the val split, gathered into one exact set.
+
+    Each rank predicts only its share, so validation costs 1/size of the
+    split per rank; the gathered predictions give the true AUC of the whole
+    split (an average of per-rank AUCs would not be), identical on all ranks.
+    """
+
+    def __init__(self, world: World, dataset: tf.data.Dataset):
         super().__init__()
-        self.run_dir = run_dir
-        self.checkpoint = checkpoint
-        self.card = card
-        self.monitor = monitor
-        self.best = card.get("best", {}).get(monitor, -np.inf)
+        self.world, self.dataset = world, dataset
 
-    def on_epoch_end(self, epoch: int, logs=None):
-        logs = logs or {}
-        ckpt_root = self.run_dir / "checkpoints"
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-        final = ckpt_root / f"epoch-{epoch + 1:04d}"
-        tmp = ckpt_root / f".epoch-{epoch + 1:04d}.partial"
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.checkpoint.write(str(tmp / "ckpt"))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        score = float(logs.get(self.monitor, -np.inf))
-        if score > self.best:
-            self.best = score
-            self.card["best"] = {"epoch": epoch + 1, **{k: float(v) for k, v in logs.items()}}
-            model_tmp = self.run_dir / (".partial." + MODEL_FILE)
-            inference_copy = tf.keras.models.clone_model(self.model)  # uncompiled: no (Horovod) optimizer inside
-            inference_copy.set_weights(self.model.get_weights())
-            inference_copy.save(str(model_tmp))
-            os.replace(model_tmp, self.run_dir / MODEL_FILE)
-            write_json(self.run_dir / MODEL_CARD, self.card)
-        write_json(ckpt_root / LATEST, {"epoch": epoch + 1, "path": final.name, "best": self.card.get("best", {})})
-        for old in sorted(ckpt_root.glob("epoch-*"))[:-KEEP_CHECKPOINTS]:
-            shutil.rmtree(old, ignore_errors=True)
+    def on_epoch_end(self, epoch, logs=None):
+        probabilities, labels = [], []
+        for images, one_hot in self.dataset:
+            probabilities.append(self.model.predict_on_batch(images))
+            labels.append(np.argmax(one_hot, axis=1))
+        mine = (np.concatenate(probabilities) if probabilities else np.zeros((0, self.model.output_shape[-1]), np.float32),
+                np.concatenate(labels) if labels else np.zeros(0, np.int64))
+        gathered = self.world.allgather_object(mine)
+        probs = np.concatenate([p for p, _ in gathered])
+        truth = np.concatenate([t for _, t in gathered])
+        auc = macro_auc(truth, probs)
+        logs.update({
+            "val_loss": cross_entropy(truth, probs),
+            "val_accuracy": float((probs.argmax(1) == truth).mean()),
+            MONITOR: float("nan") if auc is None else auc,
+        })
 
 
 class EpochLog(tf.keras.callbacks.Callback):
-    """Per-epoch metrics plus every rank's throughput, so a slow board shows up."""
+    """Per-epoch metrics plus every rank's training throughput, so a slow board shows up."""
 
-    def __init__(self, world: World, images_per_epoch: int, log: dict, run_dir: Path, say: Callable[[str], None]):
+    def __init__(self, world: World, state, images_per_epoch: int, header: dict, run_dir: Path, say: Callable[[str], None]):
         super().__init__()
-        self.world, self.images, self.log, self.run_dir, self.say = world, images_per_epoch, log, run_dir, say
-        self.started = 0.0
+        self.world, self.state, self.images, self.header, self.run_dir, self.say = world, state, images_per_epoch, header, run_dir, say
+        self.started = self.last_batch_end = 0.0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.started = time.perf_counter()
+        self.started = self.last_batch_end = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.last_batch_end = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        seconds = time.perf_counter() - self.started
+        seconds = max(self.last_batch_end - self.started, 1e-6)
         rates = self.world.allgather_object(round(self.images / seconds, 1))
+        lr = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
+        entry = {"epoch": epoch + 1, "seconds": round(seconds, 2), "lr": lr, "world_size": self.world.size,
+                 "steps": self.header["steps_per_epoch"], "images_per_s_per_rank": rates, **clean_metrics(logs)}
+        self.state.history = self.state.history + [entry]  # replaced, not mutated: an elastic rollback restores the old list
         if not self.world.is_root:
             return
-        lr = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
-        entry = {"epoch": epoch + 1, "seconds": round(seconds, 2), "lr": lr, "images_per_s_per_rank": rates}
-        entry.update({k: float(v) for k, v in (logs or {}).items()})
-        self.log["epochs"].append(entry)
-        write_json(self.run_dir / TRAIN_LOG, self.log)
+        write_json(self.run_dir / TRAIN_LOG, {**self.header, "epochs": self.state.history})
         slowest = int(np.argmin(rates))
         self.say(
-            f"epoch {epoch + 1}: loss {entry.get('loss', 0):.4f} val_auc {entry.get('val_auc', 0):.4f} "
-            f"val_accuracy {entry.get('val_accuracy', 0):.4f} | {sum(rates):.0f} img/s total, "
+            f"epoch {epoch + 1}: loss {entry.get('loss') or 0:.4f} val_auc {entry.get(MONITOR) or 0:.4f} "
+            f"val_accuracy {entry.get('val_accuracy') or 0:.4f} | {sum(rates):.0f} img/s total, "
             f"slowest rank {slowest} at {rates[slowest]:.0f} img/s"
         )
 
 
-def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> tuple[int, dict]:
-    latest = run_dir / "checkpoints" / LATEST
+class BestTracker(tf.keras.callbacks.Callback):
+    """Best val AUC so far and early stopping; the same decision on every rank because val metrics are gathered."""
+
+    def __init__(self, state, patience: int):
+        super().__init__()
+        self.state, self.patience = state, patience
+
+    def on_epoch_end(self, epoch, logs=None):
+        score = float(logs.get(MONITOR, float("nan")))
+        if score > (self.state.best.get(MONITOR) or -math.inf):
+            self.state.best = {"epoch": epoch + 1, **clean_metrics(logs)}
+            self.state.epochs_since_best = 0
+        else:
+            self.state.epochs_since_best += 1
+        if stopped_early(self.state, self.patience):
+            self.model.stop_training = True
+
+
+def stopped_early(state, patience: int) -> bool:
+    return patience > 0 and state.epochs_since_best >= patience
+
+
+class Checkpointer(tf.keras.callbacks.Callback):
+    """Rank 0: per-epoch resumable checkpoint (model + optimizer) and the best model by val AUC.
+
+    Folder names are unique, so the folder latest.json names is never
+    rewritten in place (an elastic job may redo an epoch it had saved).
+    """
+
+    def __init__(self, run_dir: Path, checkpoint: tf.train.Checkpoint, state, card: dict):
+        super().__init__()
+        self.run_dir, self.checkpoint, self.state, self.card = run_dir, checkpoint, state, card
+
+    def on_epoch_end(self, epoch, logs=None):
+        root = self.run_dir / CHECKPOINTS
+        root.mkdir(parents=True, exist_ok=True)
+        name = f"epoch-{epoch + 1:04d}-{secrets.token_hex(4)}"
+        tmp = root / f".{name}{PARTIAL}"
+        self.checkpoint.write(str(tmp / "ckpt"))
+        os.replace(tmp, root / name)
+        if self.state.best.get("epoch") == epoch + 1:
+            self._save_best_model()
+        write_json(root / LATEST, {
+            "epoch": epoch + 1, "path": name, "best": self.state.best, "epochs_since_best": self.state.epochs_since_best,
+            "optimizer_steps": int(self.model.optimizer.iterations.numpy()),
+        })
+        older = [p for p in sorted(root.glob("epoch-*")) if p.name != name]
+        for old in older[: max(0, len(older) - (KEEP_CHECKPOINTS - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _save_best_model(self) -> None:
+        model_tmp = self.run_dir / (PARTIAL + "." + MODEL_FILE)
+        inference_copy = tf.keras.models.clone_model(self.model)  # uncompiled: no (Horovod) optimizer inside
+        inference_copy.set_weights(self.model.get_weights())
+        inference_copy.save(str(model_tmp))
+        os.replace(model_tmp, self.run_dir / MODEL_FILE)
+        write_json(self.run_dir / MODEL_CARD, {**self.card, "best": self.state.best})
+
+
+def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> dict:
+    """State values of the last complete checkpoint (model and optimizer are restored in place); {} if none."""
+    latest = run_dir / CHECKPOINTS / LATEST
     if not latest.is_file():
-        return 0, {}
-    state = json.loads(latest.read_text())
-    checkpoint.read(str(run_dir / "checkpoints" / state["path"] / "ckpt")).expect_partial()
-    return int(state["epoch"]), state.get("best", {})
+        return {}
+    saved = json.loads(latest.read_text())
+    try:
+        checkpoint.read(str(run_dir / CHECKPOINTS / saved["path"] / "ckpt")).assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.OpError) as err:
+        raise UserError(f"{latest}: checkpoint {saved['path']} does not fit this model/config ({err}); resume with the config it was trained with") from None
+    log_path = run_dir / TRAIN_LOG
+    history = json.loads(log_path.read_text()).get("epochs", []) if log_path.is_file() else []
+    return {
+        "epoch": int(saved["epoch"]),
+        "history": [e for e in history if e["epoch"] <= saved["epoch"]],
+        "best": saved.get("best", {}),
+        "epochs_since_best": int(saved.get("epochs_since_best", 0)),
+    }
+
+
+def _prepare_run_dir(run_dir: Path, resume: bool, say: Callable[[str], None]) -> None:
+    """Rank 0: drop half-written leftovers; without --resume, also the previous run's checkpoints."""
+    checkpoints = run_dir / CHECKPOINTS
+    for leftover in [*run_dir.glob(f"*{PARTIAL}*"), *checkpoints.glob(f".*{PARTIAL}")]:
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    if not resume and checkpoints.exists():
+        say(f"starting over in {run_dir}: removing the previous run's checkpoints (use --resume to continue it)")
+        shutil.rmtree(checkpoints)
+    run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def train(config: Config, resume: bool = False, say: Callable[[str], None] = print) -> dict:
+    cfg, data_dir = config.train, Path(config.data.data_dir)
+    check_launch_mode(cfg.elastic)
     world = init_world()
     say = say if world.is_root else (lambda _msg: None)
-    cfg, data_dir = config.train, Path(config.data.data_dir)
     run_dir = Path(cfg.run_dir)
     manifest = load_manifest(data_dir)
     labels, image_size = manifest["labels"], int(manifest["image_size"])
@@ -133,55 +229,58 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
         raise UserError(f"{data_dir / 'manifest.json'}: train and val splits must both be non-empty")
 
     tf.keras.utils.set_random_seed(cfg.seed)
-    steps_per_epoch = max(1, train_records // (cfg.batch_size * world.size))
-    train_ds, my_shards = make_dataset(
-        shard_paths(data_dir, "train"), image_size, len(labels), cfg.batch_size, world.rank, world.size,
-        training=True, augment=cfg.augment, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed,
-    )
-    val_ds, _ = make_dataset(shard_paths(data_dir, "val"), image_size, len(labels), cfg.batch_size)
-
     model = build_model(cfg.model, image_size, len(labels), cfg.weights)
-    scaled_lr = cfg.learning_rate * world.size
-    optimizer = world.distributed_optimizer(tf.keras.optimizers.Adam(scaled_lr))
-    model.compile(optimizer=optimizer, loss="categorical_crossentropy", metrics=["accuracy", tf.keras.metrics.AUC(name="auc")])
+    optimizer = world.distributed_optimizer(tf.keras.optimizers.Adam(cfg.learning_rate))
+    model.compile(optimizer=optimizer, loss="categorical_crossentropy", metrics=["accuracy"])
     optimizer.build(model.trainable_variables)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
 
-    initial_epoch, best = 0, {}
-    if resume and world.is_root:
-        initial_epoch, best = _restore(run_dir, checkpoint)
-    initial_epoch = world.broadcast_object(initial_epoch)
-    if resume:
-        say(f"resuming after epoch {initial_epoch}" if initial_epoch else "no checkpoint found: starting from epoch 0")
-
-    ranks = world.allgather_object({"rank": world.rank, "host": world.hostname, "shards": [Path(f).name for f in my_shards.files], "record_level_sharding": my_shards.record_level})
-    log = {"world_size": world.size, "steps_per_epoch": steps_per_epoch, "ranks": ranks, "epochs": []}
-    callbacks = world.callbacks(scaled_lr, cfg.warmup_epochs, steps_per_epoch)
-    callbacks.append(EpochLog(world, steps_per_epoch * cfg.batch_size, log, run_dir, say))
-    if cfg.early_stopping_patience > 0:
-        callbacks.append(tf.keras.callbacks.EarlyStopping("val_auc", mode="max", patience=cfg.early_stopping_patience))
+    values = {"epoch": 0, "history": [], "best": {}, "epochs_since_best": 0}
     if world.is_root:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        previous_log = run_dir / TRAIN_LOG
-        if resume and previous_log.is_file():
-            log["epochs"] = [e for e in json.loads(previous_log.read_text())["epochs"] if e["epoch"] <= initial_epoch]
+        _prepare_run_dir(run_dir, resume, say)
+        if resume:
+            restored = _restore(run_dir, checkpoint)
+            say(f"resuming after epoch {restored['epoch']}" if restored else "no checkpoint found: starting from epoch 0")
+            values.update(restored)
         config.save(run_dir / "config.yaml")
-        card = {
-            "labels": labels, "image_size": image_size, "task": manifest["task"], "model": cfg.model,
-            "preprocessing": PREPROCESSING, "manifest_sha256": manifest_sha256(data_dir), "best": best,
-        }
-        callbacks.append(Checkpointer(run_dir, checkpoint, card))
-        say(f"training {cfg.model} on {train_records} images, {world.size} rank(s), {steps_per_epoch} steps/epoch, lr {scaled_lr:g}")
-
+    state = world.make_state(model, optimizer, **values)
+    card = {
+        "labels": labels, "image_size": image_size, "task": manifest["task"], "model": cfg.model,
+        "preprocessing": PREPROCESSING, "manifest_sha256": manifest_sha256(data_dir),
+    }
     weights = class_weights(manifest["splits"]["train"]["classes"], labels) if cfg.class_weights else None
-    verbose = 1 if world.is_root and os.isatty(1) else 0  # EpochLog prints the per-epoch summary
-    if initial_epoch < cfg.epochs:
-        model.fit(
-            train_ds, epochs=cfg.epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
-            validation_data=val_ds, class_weight=weights, callbacks=callbacks, verbose=verbose,
-        )
-    # Proof that data parallelism kept the replicas identical: every rank's weight digest.
-    log["weights_sha256_per_rank"] = world.allgather_object(weights_digest(model))
+
+    def attempt(state) -> dict:
+        """One `fit` with the current world; elastic jobs call it again after a membership change."""
+        steps_per_epoch = max(1, train_records // (cfg.batch_size * world.size))
+        data_args = dict(image_size=image_size, num_classes=len(labels), batch_size=cfg.batch_size, rank=world.rank, size=world.size, threads=world.cores_per_rank)
+        train_ds, my_shards = make_dataset(shard_paths(data_dir, "train"), training=True, augment=cfg.augment, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed, **data_args)
+        val_ds, _ = make_dataset(shard_paths(data_dir, "val"), **data_args)
+        scaled_lr = cfg.learning_rate * world.size
+        tf.keras.backend.set_value(optimizer.learning_rate, scaled_lr)  # after warmup; the warmup callback ramps up to it
+        ranks = world.allgather_object({"rank": world.rank, "host": world.hostname, "shards": [Path(f).name for f in my_shards.files], "record_level_sharding": my_shards.record_level})
+        header = {"world_size": world.size, "elastic": world.elastic, "steps_per_epoch": steps_per_epoch, "ranks": ranks}
+        callbacks = [
+            Validation(world, val_ds),
+            *world.callbacks(scaled_lr, cfg.warmup_epochs, steps_per_epoch),
+            EpochLog(world, state, steps_per_epoch * cfg.batch_size, header, run_dir, say),
+            BestTracker(state, cfg.early_stopping_patience),
+        ]
+        if world.is_root:
+            callbacks.append(Checkpointer(run_dir, checkpoint, state, card))
+        callbacks.append(CommitEpoch(state))
+        if state.epoch < cfg.epochs and not stopped_early(state, cfg.early_stopping_patience):
+            say(f"training {cfg.model} on {train_records} images, {world.size} rank(s), {steps_per_epoch} steps/epoch, "
+                f"lr {scaled_lr:g}, from epoch {state.epoch + 1} of {cfg.epochs}")
+            model.fit(
+                train_ds, epochs=cfg.epochs, initial_epoch=state.epoch, steps_per_epoch=steps_per_epoch,
+                class_weight=weights, callbacks=callbacks, verbose=1 if world.is_root and os.isatty(1) else 0,
+            )
+        # Proof that data parallelism kept the replicas identical: every rank's weight digest.
+        return {**header, "epochs": state.history, "best": state.best,
+                "optimizer_steps": int(optimizer.iterations.numpy()), "weights_sha256_per_rank": world.allgather_object(weights_digest(model))}
+
+    log = world.run(attempt, state)
     if world.is_root:
         write_json(run_dir / TRAIN_LOG, log)
     return log
