@@ -123,12 +123,15 @@ def export_cmd(
     sets: Optional[List[str]] = SetOption,
     run_dir: Optional[str] = typer.Option(None),
     data_dir: Optional[str] = typer.Option(None, help="Prepared data (test split for parity, train for int8 calibration)."),
-    formats: Optional[List[str]] = typer.Option(None, "--format", help="float32, float16, int8 (repeatable)."),
+    formats: Optional[List[str]] = typer.Option(None, "--format", help="float32, float16, int8 (repeatable; default export.formats)."),
+    c_array: bool = typer.Option(False, "--c-array", help="Also export int8 and write it as model-int8.cc/.h for TensorFlow Lite Micro."),
 ):
-    """Convert the trained model to TFLite and check it against Keras on the test split."""
+    """Write a SavedModel, convert it to TFLite and check each format against Keras on the test split."""
     cfg = run(lambda: resolve(config, sets, data__data_dir=data_dir, train__run_dir=run_dir))
     if formats:
         cfg.export.formats = list(formats)
+    if c_array and "int8" not in cfg.export.formats:
+        cfg.export.formats.append("int8")  # the C array is made from a freshly checked int8 model, never a stale file
 
     def go():
         from covidxray.export.tflite import export
@@ -141,23 +144,33 @@ def export_cmd(
 @app.command()
 def predict(
     files: List[Path] = typer.Argument(..., help="PNG, JPEG or DICOM files, or folders of them."),
-    model: Path = typer.Option(Path("runs/default/model-float32.tflite"), "--model", "-m", help="A .tflite written by export."),
+    model: Path = typer.Option(Path("runs/default"), "--model", "-m", help="A .tflite written by export, or its run directory."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="With a run directory: float32 (default), float16 or int8."),
     threads: int = typer.Option(1, help="Interpreter threads."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document (a list, one entry per file) on stdout."),
+    explain: bool = typer.Option(False, "--explain", help="Write a Grad-CAM overlay per image (needs TensorFlow and the Keras model)."),
+    explain_dir: Path = typer.Option(Path("gradcam"), help="Where --explain writes <image stem>.gradcam.png."),
+    keras_model: Optional[Path] = typer.Option(None, help="Keras model for --explain (default: the one named by the sidecar)."),
 ):
     """Classify X-rays with the exported model (LiteRT interpreter; no TensorFlow needed)."""
+    from rich.markup import escape
+
+    from covidxray.export.litert import resolve_model
     from covidxray.export.predict import predict_files
 
-    results = run(lambda: predict_files(files, model, threads))
+    def warn(message: str) -> None:
+        console.print(f"[yellow]warning[/]: {escape(message)}", soft_wrap=True, highlight=False)
+
+    results = run(lambda: predict_files(files, resolve_model(model, fmt), threads, explain_dir if explain else None, keras_model, warn))
+    for item in results:
+        if "error" in item:
+            console.print(f"[red]{escape(item['file'])}: {escape(item['error'])}[/]", soft_wrap=True, highlight=False)
+        elif not as_json:
+            probs = "  ".join(f"{k} {v:.3f}" for k, v in item["probabilities"].items())
+            heat = f"  grad-cam {item['gradcam']}" if "gradcam" in item else ""
+            print(f"{item['file']}: {item['label']}  ({probs}){heat}")
     if as_json:
         print(json.dumps(results, indent=2))
-    else:
-        for item in results:
-            if "error" in item:
-                console.print(f"[red]{item['file']}: {item['error']}[/]")
-            else:
-                probs = "  ".join(f"{k} {v:.3f}" for k, v in item["probabilities"].items())
-                print(f"{item['file']}: {item['label']}  ({probs})")
     if any("error" in item for item in results):
         raise typer.Exit(1)
 

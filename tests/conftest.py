@@ -59,6 +59,24 @@ def exported_run(trained_run, synthetic_data) -> Path:
     return trained_run
 
 
+def copy_trained_model(run_dir: Path, target: Path) -> Path:
+    """What `covidxray train` leaves for export (model, card, config), in a fresh run folder."""
+    target.mkdir(parents=True)
+    for name in ("model.keras", "model.json", "config.yaml"):
+        shutil.copy2(run_dir / name, target / name)
+    return target
+
+
+@pytest.fixture(scope="session")
+def all_formats_run(trained_run, synthetic_data, tmp_path_factory) -> Path:
+    """`trained_run`'s model exported to float32, float16 and int8 (+ C array) in its own folder."""
+    run_dir = copy_trained_model(trained_run, tmp_path_factory.mktemp("all-formats") / "run")
+    formats = [arg for fmt in ("float32", "float16", "int8") for arg in ("--format", fmt)]
+    result = run_cli("export", "--run-dir", str(run_dir), "--data-dir", str(synthetic_data), *formats)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
 @pytest.fixture
 def shared_data() -> Path:
     """Real samples beside the repo, when this checkout has them (never required by the product)."""

@@ -1,46 +1,89 @@
 """`covidxray predict`: files and folders in, one result (or one error) per file out.
 
-A bad file never stops the others; its entry carries the error instead.
+A bad file never stops the others; its entry carries the error instead. No
+TensorFlow here: only `--explain` (Grad-CAM on the Keras model) loads it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Optional
 
-from covidxray.data.preprocess import IMAGE_SUFFIXES, ImageError, model_input
+import numpy as np
+
+from covidxray.data.preprocess import IMAGE_SUFFIXES, PREPROCESSING, ImageError, as_model_input, is_dicom, load_gray
 from covidxray.errors import UserError
 from covidxray.export.litert import TFLiteClassifier
 
+# (source file, decoded gray image, model input, class index) -> written overlay
+Explainer = Callable[[Path, np.ndarray, np.ndarray, int], Path]
+
+
+def _is_input_file(path: Path) -> bool:
+    """Image suffixes, plus suffix-less files with a DICOM preamble (as PACS exports name them)."""
+    if not path.is_file() or path.name.startswith("."):
+        return False
+    return path.suffix.lower() in IMAGE_SUFFIXES or (not path.suffix and is_dicom(path))
+
 
 def expand_inputs(paths: list[Path]) -> list[Path]:
+    """Folders become their image files (recursively, sorted); an empty folder stays, to be reported."""
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-            if not found:
-                raise UserError(f"{path}: folder holds no {', '.join(IMAGE_SUFFIXES)} files")
-            files.extend(found)
+            files.extend(sorted(p for p in path.rglob("*") if _is_input_file(p)) or [path])
         else:
             files.append(path)
     return files
 
 
-def predict_files(paths: list[Path], model_path: Path, threads: int = 1) -> list[dict]:
+def predict_path(path: Path, classifier: TFLiteClassifier, explain: Optional[Explainer] = None) -> dict:
+    try:
+        if path.is_dir():
+            raise ImageError("empty", path, f"folder holds no {', '.join(IMAGE_SUFFIXES)} or DICOM files")
+        gray = load_gray(path)
+    except ImageError as err:
+        return {"file": str(path), "error": err.detail, "reason": err.reason}
+    image = as_model_input(gray, classifier.image_size)
+    probs = classifier.predict_one(image)
+    best = int(probs.argmax())
+    result = {
+        "file": str(path),
+        "label": classifier.labels[best],
+        "confidence": float(probs[best]),
+        "probabilities": {label: float(p) for label, p in zip(classifier.labels, probs)},
+    }
+    if explain is not None:
+        result["gradcam"] = str(explain(path, gray, image, best))
+    return result
+
+
+def gradcam_explainer(classifier: TFLiteClassifier, out_dir: Path, keras_model: Optional[Path] = None) -> Explainer:
+    """The Keras model named by the sidecar (beside the .tflite) unless `keras_model` overrides it."""
+    from covidxray.export.gradcam import GradCamWriter  # imports TensorFlow
+
+    if keras_model is None:
+        if "keras_model" not in classifier.card:
+            raise UserError(f"the sidecar of {classifier.path} names no Keras model: give --keras-model")
+        keras_model = classifier.path.parent / classifier.card["keras_model"]
+    return GradCamWriter(keras_model, out_dir, classifier.image_size)
+
+
+def preprocessing_drift(card: dict) -> list[str]:
+    """Preprocessing steps whose description differs between the model's training and this code."""
+    trained = card.get("preprocessing", {})
+    return [step for step in PREPROCESSING if trained.get(step) != PREPROCESSING[step]]
+
+
+def predict_files(
+    paths: list[Path], model_path: Path, threads: int = 1,
+    explain_dir: Optional[Path] = None, keras_model: Optional[Path] = None,
+    warn: Callable[[str], None] = lambda _message: None,
+) -> list[dict]:
+    if threads < 1:
+        raise UserError(f"--threads {threads}: give 1 or more")
     classifier = TFLiteClassifier(model_path, threads)
-    results = []
-    for path in expand_inputs(paths):
-        try:
-            probs = classifier.predict_one(model_input(path, classifier.image_size))
-        except ImageError as err:
-            results.append({"file": str(path), "error": err.detail, "reason": err.reason})
-            continue
-        best = int(probs.argmax())
-        results.append(
-            {
-                "file": str(path),
-                "label": classifier.labels[best],
-                "confidence": float(probs[best]),
-                "probabilities": {label: float(p) for label, p in zip(classifier.labels, probs)},
-            }
-        )
-    return results
+    for step in preprocessing_drift(classifier.card):
+        warn(f"{model_path} was trained with {step} = {classifier.card.get('preprocessing', {}).get(step)!r}; this predictor does {PREPROCESSING[step]!r}")
+    explain = gradcam_explainer(classifier, explain_dir, keras_model) if explain_dir is not None else None
+    return [predict_path(path, classifier, explain) for path in expand_inputs(paths)]

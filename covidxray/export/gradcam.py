@@ -1,0 +1,111 @@
+"""Grad-CAM heat maps (Selvaraju et al., 2017) from the Keras model: where did the model look?
+
+The class score's gradient with respect to the last spatial feature map
+weights that map's channels; their positive sum is the heat map. The score is
+the logit before the softmax, so a confident prediction does not flatten the
+gradient to nothing. Needs TensorFlow: only `predict --explain` imports this.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import cv2
+import numpy as np
+import tensorflow as tf
+
+from covidxray.errors import UserError
+
+HEAT_WEIGHT = 0.45  # share of the colour map in the overlay; the X-ray stays readable beneath
+
+
+def _last_feature_layer(model: tf.keras.Model) -> tuple[tf.keras.layers.Layer, tf.keras.Model | None]:
+    """The last layer with a 4-D output, and the nested backbone holding it (None if top level)."""
+    for layer in reversed(model.layers):
+        if isinstance(layer, tf.keras.Model) and len(layer.output.shape) != 4:
+            inner, _ = _last_feature_layer(layer)
+            return inner, layer
+        if len(layer.output.shape) == 4:
+            return layer, None
+    raise UserError(f"model {model.name} has no spatial feature map: Grad-CAM needs a convolutional model")
+
+
+def _score_head(model: tf.keras.Model) -> tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]:
+    """(tensor to stop at, function turning it into class scores): logits if the model ends in softmax Dense."""
+    last = model.layers[-1]
+    if isinstance(last, tf.keras.layers.Dense) and last.activation is tf.keras.activations.softmax:
+        return last.input, lambda h: tf.matmul(h, last.kernel) + last.bias
+    return model.output, lambda h: h
+
+
+def score_function(model: tf.keras.Model) -> Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
+    """images -> (last feature maps, class scores), both from one differentiable pass."""
+    target, backbone = _last_feature_layer(model)
+    stop, to_scores = _score_head(model)
+    if backbone is None:
+        split = tf.keras.Model(model.inputs, [target.output, stop])
+        return lambda images: (lambda maps, h: (maps, to_scores(h)))(*split(images, training=False))
+    # A nested backbone (Keras applications): run the outer graph in three pieces around it.
+    call = backbone.inbound_nodes[-1]
+    before = tf.keras.Model(model.inputs, call.input_tensors)
+    inside = tf.keras.Model(backbone.inputs, [target.output, backbone.output])
+    after = tf.keras.Model(call.output_tensors, stop)
+
+    def forward(images):
+        maps, features = inside(before(images, training=False), training=False)
+        return maps, to_scores(after(features, training=False))
+
+    return forward
+
+
+def heatmap(forward: Callable, image: np.ndarray, class_index: int) -> np.ndarray:
+    """(size, size, 1) model input -> heat map in [0, 1] at the feature map's resolution."""
+    batch = tf.convert_to_tensor(image[None], tf.float32)
+    with tf.GradientTape() as tape:
+        maps, scores = forward(batch)
+        score = scores[:, class_index]
+    grads = tape.gradient(score, maps)
+    weights = tf.reduce_mean(grads, axis=(1, 2), keepdims=True)
+    cam = tf.nn.relu(tf.reduce_sum(weights * maps, axis=-1))[0].numpy()
+    peak = float(cam.max())
+    return cam / peak if peak > 0 else cam
+
+
+def overlay(gray: np.ndarray, heat: np.ndarray) -> np.ndarray:
+    """Gray X-ray (any size) + heat map -> BGR image of the X-ray's size with a JET colour overlay."""
+    height, width = gray.shape[:2]
+    heat = cv2.resize(heat.astype(np.float32), (width, height), interpolation=cv2.INTER_LINEAR)
+    colour = cv2.applyColorMap(np.round(np.clip(heat, 0, 1) * 255).astype(np.uint8), cv2.COLORMAP_JET)
+    base = cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR)
+    return cv2.addWeighted(base, 1 - HEAT_WEIGHT, colour, HEAT_WEIGHT, 0)
+
+
+class GradCamWriter:
+    """Loads the Keras model once; writes `<stem>.gradcam.png` per explained image into `out_dir`."""
+
+    def __init__(self, keras_model: Path, out_dir: Path, image_size: int):
+        if not keras_model.is_file():
+            raise UserError(f"--explain needs the Keras model: {keras_model} not found (give --keras-model, or keep model.keras beside the .tflite)")
+        model = tf.keras.models.load_model(str(keras_model), compile=False)
+        if tuple(model.input_shape[1:3]) != (image_size, image_size):
+            raise UserError(f"{keras_model} takes {model.input_shape[1:3]} inputs, the .tflite {image_size} px: they are not the same model")
+        self.forward = score_function(model)
+        self.out_dir = out_dir
+        self.used: set[str] = set()
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def _name(self, source: Path) -> Path:
+        """`<stem>.gradcam.png`, numbered when two inputs share a stem (same name, other folder)."""
+        name, n = f"{source.stem}.gradcam.png", 1
+        while name in self.used:
+            n += 1
+            name = f"{source.stem}-{n}.gradcam.png"
+        self.used.add(name)
+        return self.out_dir / name
+
+    def __call__(self, source: Path, gray: np.ndarray, image: np.ndarray, class_index: int) -> Path:
+        out = self._name(source)
+        if not cv2.imwrite(str(out), overlay(gray, heatmap(self.forward, image, class_index))):
+            raise UserError(f"cannot write {out}: check --explain-dir is writable")
+        return out

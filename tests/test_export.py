@@ -1,0 +1,136 @@
+"""Issue 5: `covidxray export` -- SavedModel -> TFLite float32/float16/int8, parity report, sidecar, C array."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import copy_trained_model, run_cli
+
+FORMATS = ("float32", "float16", "int8")
+
+
+def parse_c_array(source: str) -> tuple[bytes, int]:
+    """The bytes inside `g_model[] = {...}` and the declared `g_model_len`."""
+    body = re.search(r"alignas\(16\) const unsigned char g_model\[\] = \{(.*?)\};", source, re.S).group(1)
+    length = int(re.search(r"const unsigned int g_model_len = (\d+);", source).group(1))
+    return bytes(int(h, 16) for h in re.findall(r"0x([0-9a-f]{2})", body)), length
+
+
+def test_every_format_agrees_with_keras_and_sizes_shrink(all_formats_run):
+    from covidxray.config import ExportConfig
+
+    report = json.loads((all_formats_run / "export_report.json").read_text())
+    assert report["float32"]["agreement"] >= 0.99
+    assert report["float16"]["agreement"] >= 0.98
+    assert report["int8"]["agreement"] >= ExportConfig().int8_min_agreement
+    assert report["int8"]["meets_bar"] is True
+    sizes = [report[fmt]["bytes"] for fmt in FORMATS]
+    assert sizes[2] < sizes[1] < sizes[0]
+    for fmt in FORMATS:
+        entry = report[fmt]
+        assert entry["bytes"] == (all_formats_run / entry["file"]).stat().st_size
+        assert entry["accuracy_delta"] == pytest.approx(entry["accuracy"] - report["keras"]["accuracy"])
+    assert report["test_images"] > 0 and report["int8_min_agreement"] == ExportConfig().int8_min_agreement
+    assert report["data_manifest_sha256"] == report["training_manifest_sha256"]
+
+
+def test_report_agreement_matches_an_independent_check(all_formats_run, synthetic_data):
+    import tensorflow as tf
+
+    from covidxray.export.litert import TFLiteClassifier
+    from covidxray.export.tflite import load_split
+
+    images, labels = load_split(synthetic_data, "test")
+    keras = tf.keras.models.load_model(str(all_formats_run / "model.keras"), compile=False).predict(images, verbose=0).argmax(1)
+    report = json.loads((all_formats_run / "export_report.json").read_text())
+    lite = TFLiteClassifier(all_formats_run / "model-int8.tflite").predict(images).argmax(1)
+    assert report["int8"]["agreement"] == pytest.approx((lite == keras).mean())
+    assert report["int8"]["accuracy"] == pytest.approx((lite == labels).mean())
+
+
+def test_int8_model_takes_and_gives_uint8(all_formats_run):
+    from covidxray.export.litert import TFLiteClassifier
+
+    classifier = TFLiteClassifier(all_formats_run / "model-int8.tflite")
+    assert classifier.input["dtype"] == np.uint8 and classifier.output["dtype"] == np.uint8
+    assert TFLiteClassifier(all_formats_run / "model-float32.tflite").input["dtype"] == np.float32
+
+
+def test_sidecar_carries_everything_predict_needs(all_formats_run, synthetic_data):
+    from covidxray.data.prepare import load_manifest, manifest_sha256
+    from covidxray.data.preprocess import PREPROCESSING
+
+    manifest = load_manifest(synthetic_data)
+    for fmt in FORMATS:
+        model = all_formats_run / f"model-{fmt}.tflite"
+        card = json.loads(model.with_suffix(".json").read_text())
+        assert card["labels"] == manifest["labels"]
+        assert card["image_size"] == manifest["image_size"]
+        assert card["preprocessing"] == PREPROCESSING
+        assert card["manifest_sha256"] == manifest_sha256(synthetic_data)
+        assert card["tflite_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+        assert card["format"] == fmt and card["keras_model"] == "model.keras"
+        assert set(card["parity"]) >= {"agreement", "accuracy", "accuracy_delta", "test_images"}
+
+
+def test_conversion_went_through_a_saved_model(all_formats_run):
+    import tensorflow as tf
+
+    saved = tf.saved_model.load(str(all_formats_run / "saved_model"))
+    signature = saved.signatures["serving_default"]
+    (spec,) = signature.structured_input_signature[1].values()
+    assert spec.shape.as_list()[1:] == [64, 64, 1]
+
+
+def test_c_array_holds_exactly_the_int8_model(all_formats_run):
+    tflite = (all_formats_run / "model-int8.tflite").read_bytes()
+    source = (all_formats_run / "model-int8.cc").read_text()
+    header = (all_formats_run / "model-int8.h").read_text()
+    data, length = parse_c_array(source)
+    assert data == tflite and length == len(tflite)
+    assert '#include "model-int8.h"' in source
+    assert "extern const unsigned char g_model[];" in header and "constexpr int kModelImageSize = 64;" in header
+    assert '{"normal", "pneumonia", "covid-19"}' in source
+
+
+def test_c_array_compiles_with_external_linkage(tmp_path):
+    """A tiny payload through the same writer, compiled: board code must be able to link g_model."""
+    import shutil
+
+    from covidxray.export.c_array import write_c_array
+
+    if shutil.which("g++") is None:
+        pytest.skip("no C++ compiler")
+    fake = tmp_path / "model-int8.tflite"
+    fake.write_bytes(bytes(range(256)) * 3 + b"\x01")
+    source, _header = write_c_array(fake, ["normal", "covid-19"], 32)
+    obj = tmp_path / "model.o"
+    subprocess.run(["g++", "-std=c++17", "-c", str(source), "-o", str(obj)], check=True, capture_output=True)
+    symbols = subprocess.run(["nm", "-C", str(obj)], check=True, capture_output=True, text=True).stdout
+    for name in ("g_model", "g_model_len", "kModelLabels"):
+        assert re.search(rf" [RD] {name}\b", symbols), symbols
+    assert parse_c_array(source.read_text()) == (fake.read_bytes(), 769)
+
+
+def test_int8_below_the_bar_fails_loudly(trained_run, synthetic_data, tmp_path):
+    run_dir = copy_trained_model(trained_run, tmp_path / "run")
+    result = run_cli(
+        "export", "--run-dir", str(run_dir), "--data-dir", str(synthetic_data), "--c-array",
+        "--set", "export.formats=[float16]", "--set", "export.int8_min_agreement=1.01",
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "int8 model agrees with Keras on only" in result.stderr and "int8_min_agreement" in result.stderr
+    assert "Traceback" not in result.stderr
+    report = json.loads((run_dir / "export_report.json").read_text())  # still written, for the post-mortem
+    assert report["int8"]["meets_bar"] is False and "float16" in report  # --c-array added int8 to the formats
+
+
+def test_unknown_format_is_a_user_error(tmp_path, synthetic_data):
+    result = run_cli("export", "--run-dir", str(tmp_path), "--data-dir", str(synthetic_data), "--format", "int4")
+    assert result.returncode == 2 and "int4" in result.stderr and "Traceback" not in result.stderr
