@@ -1,0 +1,201 @@
+"""Each adapter on a tiny copy of its collection's real layout: labels, patients, drops, fetch paths."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import types
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from covidxray.config import ConfigError
+from covidxray.data.labels import HARMONISED_LABELS
+from covidxray.errors import UserError
+from covidxray.sources import SOURCE_REGISTRY, Dropped, build_source
+from covidxray.sources.descriptors import DESCRIPTOR_DIR, load_descriptor
+from layouts import FileServer, build_ieee8023, build_kaggle, build_mendeley_v2, build_mendeley_v3, build_talo, tar_tree, zip_tree
+
+REAL_SOURCES = ("covid-chestxray", "chest-xray-pneumonia", "kermany", "covid19-talo")
+
+
+def read(name: str, options: dict, cache: Path):
+    source = build_source(name, options)
+    root = source.fetch(cache)
+    records, dropped = [], Counter()
+    for item in source.records(root):
+        if isinstance(item, Dropped):
+            dropped[item.reason] += 1
+        else:
+            records.append(item)
+    return source, root, records, dropped
+
+
+def assert_matches(layout, records, dropped):
+    assert {r.image.name: r.label for r in records} == layout.labels
+    assert {r.image.name: r.patient_id for r in records} == layout.patients
+    assert dropped == layout.dropped
+    assert all(r.label in HARMONISED_LABELS for r in records)
+
+
+def test_every_real_source_is_registered_with_a_sound_descriptor():
+    assert set(REAL_SOURCES) <= set(SOURCE_REGISTRY)
+    for name in REAL_SOURCES:
+        descriptor = load_descriptor(name)
+        assert descriptor.licence and descriptor.homepage.startswith("https://")
+        assert set(descriptor.label_map.values()) <= set(HARMONISED_LABELS)
+        for archive in descriptor.archives.values():  # a checksum is 64 hex digits or honestly unknown (None)
+            assert archive.sha256 is None or len(archive.sha256) == 64
+    assert sorted(p.stem for p in DESCRIPTOR_DIR.glob("*.yaml")) == sorted(REAL_SOURCES)
+
+
+@pytest.mark.parametrize("header", ["new", "old"])
+def test_covid_chestxray_keeps_frontal_xrays_and_says_why_it_drops_the_rest(tmp_path, header):
+    layout = build_ieee8023(tmp_path / "given", header)
+    _, root, records, dropped = read("covid-chestxray", {"from_path": str(tmp_path / "given")}, tmp_path / "cache")
+    assert root == layout.root
+    assert_matches(layout, records, dropped)
+    assert {r.view for r in records} <= {"PA", "AP", "AP Supine", "APS", "AP semi erect"}
+
+
+def test_covid_chestxray_rejects_a_foreign_csv(tmp_path):
+    root = tmp_path / "repo"
+    (root / "images").mkdir(parents=True)
+    (root / "metadata.csv").write_text("id,label\n1,covid\n")
+    with pytest.raises(UserError, match="patientid"):
+        read("covid-chestxray", {"from_path": str(root)}, tmp_path / "cache")
+
+
+def test_kaggle_tree_skips_the_nested_copy_and_macos_junk(tmp_path):
+    layout = build_kaggle(tmp_path / "given")
+    _, root, records, dropped = read("chest-xray-pneumonia", {"from_path": str(tmp_path / "given")}, tmp_path / "cache")
+    assert root == layout.root  # chest_xray/, not chest_xray/chest_xray/
+    assert_matches(layout, records, dropped)
+    assert not any("__MACOSX" in str(r.image) or "chest_xray/chest_xray" in str(r.image) for r in records)
+    assert {r.original_split for r in records} == {"train", "val", "test"}
+    # person1 of the test set is numbered separately from person1 of train
+    person1 = {r.patient_id for r in records if r.image.name.startswith("person1_")}
+    assert person1 == {"chest-xray-pneumonia:trainval:person1", "chest-xray-pneumonia:test:person1"}
+
+
+def test_kaggle_download_through_a_faked_api(tmp_path, monkeypatch):
+    """The adapter drives the kaggle package as the real one is driven; the fake writes a real zip."""
+    layout = build_kaggle(tmp_path / "content")
+    calls = []
+
+    class FakeKaggleApi:
+        def authenticate(self):
+            calls.append("authenticate")
+
+        def dataset_download_files(self, dataset, path=None, force=False, quiet=True, unzip=False):
+            calls.append((dataset, unzip))
+            zip_tree(tmp_path / "content", Path(path) / f"{dataset.split('/')[1]}.zip")
+
+    monkeypatch.setitem(sys.modules, "kaggle", types.SimpleNamespace(KaggleApi=FakeKaggleApi))
+    _, root, records, dropped = read("chest-xray-pneumonia", {}, tmp_path / "cache")
+    assert calls == ["authenticate", ("paultimothymooney/chest-xray-pneumonia", False)]
+    assert root == tmp_path / "cache" / "extracted" / "chest-xray-pneumonia" / "chest_xray"
+    assert_matches(layout, records, dropped)
+    read("chest-xray-pneumonia", {}, tmp_path / "cache")  # already unpacked: Kaggle is not asked again
+    assert len(calls) == 2
+
+
+def test_kaggle_without_credentials_says_how_to_provide_them(tmp_path, monkeypatch):
+    """The real kaggle package, with no token anywhere, must turn into one actionable error."""
+    for var in ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_API_TOKEN", "KAGGLE_ENABLE_OAUTH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KAGGLE_CONFIG_DIR", str(tmp_path / "home" / ".kaggle"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
+    for module in [m for m in sys.modules if m == "kaggle" or m.startswith("kaggle.")]:
+        monkeypatch.delitem(sys.modules, module)
+    with pytest.raises(UserError, match=r"kaggle\.json.*KAGGLE_USERNAME.*--from"):
+        read("chest-xray-pneumonia", {}, tmp_path / "cache")
+
+
+def test_kermany_v2_archives_chest_and_oct(tmp_path):
+    chest, oct_ = build_mendeley_v2(tmp_path / "content")
+    chest_zip = zip_tree(chest.root, tmp_path / "ChestXRay2017.zip")
+    oct_tgz = tar_tree(oct_.root, tmp_path / "OCT2017.tar.gz")
+    _, _, records, dropped = read("kermany", {"from_path": str(chest_zip), "version": 2}, tmp_path / "cache")
+    assert_matches(chest, records, dropped)
+    assert "val" not in {r.original_split for r in records}
+    _, _, records, dropped = read("kermany", {"from_path": str(oct_tgz), "part": "oct"}, tmp_path / "cache")
+    assert_matches(oct_, records, dropped)
+    assert {r.view for r in records} == {"oct"}
+
+
+def test_kermany_v3_renamed_files_and_parts_of_one_tree(tmp_path):
+    chest, oct_ = build_mendeley_v3(tmp_path / "content")
+    archive = zip_tree(chest.root, tmp_path / "ZhangLabData.zip")
+    _, root, records, dropped = read("kermany", {"from_path": str(archive)}, tmp_path / "cache")
+    assert root.parts[-2:] == ("CellData", "chest_xray")
+    assert_matches(chest, records, dropped)
+    _, root, records, dropped = read("kermany", {"from_path": str(archive), "part": "oct"}, tmp_path / "cache")
+    assert root.parts[-2:] == ("CellData", "OCT")
+    assert_matches(oct_, records, dropped)
+
+
+def test_kermany_rejects_unknown_part_and_version():
+    with pytest.raises(ConfigError, match="part"):
+        build_source("kermany", {"part": "knee"})
+    with pytest.raises(ConfigError, match="version"):
+        build_source("kermany", {"version": 4})
+    with pytest.raises(ConfigError, match="unknown key"):
+        build_source("kermany", {"versoin": 2})
+
+
+def test_talo_tree_groups_case_images_and_nih_follow_ups(tmp_path):
+    layout = build_talo(tmp_path / "given")
+    _, root, records, dropped = read("covid19-talo", {"from_path": str(tmp_path / "given")}, tmp_path / "cache")
+    assert root == layout.root
+    assert_matches(layout, records, dropped)
+    patients = Counter(r.patient_id for r in records)
+    assert patients["covid19-talo:nih:00001280"] == 2 and patients["covid19-talo:case:1-s2.0-S0929664620300449-gr2_lrg"] == 2
+
+
+def test_talo_real_sample(shared_data, tmp_path):
+    _, _, records, dropped = read("covid19-talo", {"from_path": str(shared_data / "covid19-talo-sample")}, tmp_path / "cache")
+    assert Counter(r.label for r in records) == {"covid-19": 8, "normal": 8, "pneumonia": 8}
+    assert not dropped
+    assert {r.patient_id for r in records if r.image.name == "00001280_004.png"} == {"covid19-talo:nih:00001280"}
+
+
+def test_download_from_a_mirror_url_with_checksum(tmp_path):
+    layout = build_talo(tmp_path / "content")
+    payload = zip_tree(tmp_path / "content", tmp_path / "COVID-19-master.zip").read_bytes()
+    digest = hashlib.sha256(payload).hexdigest()
+    with FileServer({"/COVID-19-master.zip": payload}) as server:
+        source, root, records, dropped = read("covid19-talo", {"url": server.url("/COVID-19-master.zip"), "sha256": digest}, tmp_path / "cache")
+        assert_matches(layout, records, dropped)
+        assert source.provenance["sha256"] == digest and source.provenance["url"].startswith("http://127.0.0.1")
+        with pytest.raises(UserError, match=f"expected sha256 {'a' * 64}, got {digest}"):
+            read("covid19-talo", {"url": server.url("/COVID-19-master.zip"), "sha256": "a" * 64}, tmp_path / "other-cache")
+        assert not (tmp_path / "other-cache" / "downloads" / "COVID-19-master.zip").exists()
+
+
+def test_from_path_mistakes_are_actionable(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        read("covid19-talo", {"from_path": str(tmp_path / "nowhere.zip")}, tmp_path / "cache")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="does not hold the covid19-talo layout"):
+        read("covid19-talo", {"from_path": str(tmp_path / "empty")}, tmp_path / "cache")
+    broken = tmp_path / "COVID-19-master.zip"
+    broken.write_bytes(b"PK\x03\x04 truncated download")
+    with pytest.raises(UserError, match="COVID-19-master.zip"):
+        read("covid19-talo", {"from_path": str(broken)}, tmp_path / "cache")
+    layout = build_talo(tmp_path / "content")
+    archive = zip_tree(tmp_path / "content", tmp_path / "talo.zip")
+    with pytest.raises(UserError, match="checksum mismatch"):
+        read("covid19-talo", {"from_path": str(archive), "sha256": "b" * 64}, tmp_path / "cache")
+    assert archive.is_file()  # the user's own file is never deleted
+    assert layout.labels
+
+
+def test_no_url_known_points_to_the_manual_route(tmp_path):
+    source = build_source("kermany", {"version": 2, "part": "oct"})
+    archive = source.archive()
+    no_url = type(archive)(archive.key, archive.file, None, None, "not published")
+    with pytest.raises(UserError, match="no download URL.*--from"):
+        source.download(no_url, tmp_path)
