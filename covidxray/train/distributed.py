@@ -97,7 +97,7 @@ class World:
 
     @property
     def cores_per_rank(self) -> int:
-        return max(1, (os.cpu_count() or 1) // max(1, self.local_size))
+        return cores_per_rank(self.local_size)
 
     def refresh(self) -> None:
         """Re-read rank and size (they change when an elastic job gains or loses workers)."""
@@ -161,9 +161,14 @@ def _core():
     return hvd_tf
 
 
+def cores_per_rank(local_size: int) -> int:
+    """The ranks on a board split the cores this process may use (fewer than the board's under taskset or a cpuset)."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, local_size))
+
+
 def configure_threads(local_size: int) -> None:
-    """Split the board's cores between the ranks on it, so ranks do not fight over cores."""
-    per_rank = max(1, (os.cpu_count() or 1) // max(1, local_size))
+    """Give each rank its share of the cores, so ranks do not fight over cores."""
+    per_rank = cores_per_rank(local_size)
     tf.config.threading.set_intra_op_parallelism_threads(per_rank)
     tf.config.threading.set_inter_op_parallelism_threads(min(2, per_rank))
 
