@@ -117,6 +117,41 @@ def train(
     run(go)
 
 
+@app.command()
+def evaluate(
+    config: Optional[Path] = ConfigOption,
+    sets: Optional[List[str]] = SetOption,
+    run_dir: Optional[str] = typer.Option(None, help="Run folder with model.keras (evaluation.json, roc.png, confusion.png go here)."),
+    data_dir: Optional[str] = typer.Option(None, help="Prepared data: thresholds from its val split, metrics on its test split."),
+):
+    """Test-split accuracy, per-class sensitivity/specificity/PPV, ROC AUC, confusion matrix; thresholds chosen on val."""
+    cfg = run(lambda: resolve(config, sets, data__data_dir=data_dir, train__run_dir=run_dir))
+
+    def go():
+        from covidxray.train.evaluate import evaluate as do_evaluate
+
+        do_evaluate(cfg, say=console.print)
+
+    run(go)
+
+
+@app.command()
+def doctor(
+    data_dir: Optional[Path] = typer.Option(None, help="Also check these shards against their manifest's sha256s."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (to compare boards)."),
+):
+    """What this board has: versions, Horovod build (controllers, ops), mpirun, cores, memory, disk, shard integrity."""
+    from covidxray.doctor import diagnose, render
+
+    report = run(lambda: diagnose(data_dir))
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        render(report, console)
+    if not report["ok"]:
+        raise typer.Exit(1)
+
+
 @app.command("export")
 def export_cmd(
     config: Optional[Path] = ConfigOption,

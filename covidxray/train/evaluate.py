@@ -1,0 +1,164 @@
+"""`covidxray evaluate`: the trained model on the test split, with operating thresholds chosen on validation.
+
+The test split is touched once, here, and never for a decision: each class's
+one-vs-rest threshold is picked on the validation split (Youden's J) and only
+then applied to test. Images go through the same decode path as training
+(`make_dataset`, preprocessing inside the model), so evaluation measures the
+model that `predict` will run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from covidxray.config import Config
+from covidxray.data.prepare import load_manifest, manifest_sha256, shard_paths
+from covidxray.errors import UserError
+from covidxray.train.metrics import binary_rates, confusion_matrix, macro_auc, roc_auc, roc_curve, youden_threshold
+from covidxray.train.trainer import MODEL_CARD, MODEL_FILE, write_json
+
+EVALUATION = "evaluation.json"
+ROC_PLOT = "roc.png"
+CONFUSION_PLOT = "confusion.png"
+BATCH = 64
+
+
+def predict_split(model, data_dir: Path, split: str, image_size: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    from covidxray.train.input import make_dataset
+
+    paths = shard_paths(data_dir, split)
+    if not paths:
+        return np.zeros((0, num_classes), np.float32), np.zeros(0, np.int64)
+    dataset, _ = make_dataset(paths, image_size, num_classes, BATCH)
+    probabilities, labels = [], []
+    for images, one_hot in dataset:
+        probabilities.append(model.predict_on_batch(images))
+        labels.append(np.argmax(one_hot, axis=1))
+    return np.concatenate(probabilities), np.concatenate(labels)
+
+
+def choose_thresholds(labels: np.ndarray, probabilities: np.ndarray) -> list[float | None]:
+    """Per class, the one-vs-rest threshold maximising Youden's J (None if the split lacks that class or its complement)."""
+    return [youden_threshold(labels == c, probabilities[:, c]) for c in range(probabilities.shape[1])]
+
+
+def classification_report(labels: np.ndarray, probabilities: np.ndarray, class_names: list[str], thresholds: list[float | None]) -> dict:
+    """Accuracy, confusion matrix and per-class metrics, both for the argmax call and at each class's threshold."""
+    predicted = probabilities.argmax(1)
+    per_class = {}
+    for c, name in enumerate(class_names):
+        is_class = labels == c
+        threshold = thresholds[c]
+        per_class[name] = {
+            "support": int(is_class.sum()),
+            "roc_auc": roc_auc(is_class, probabilities[:, c]),
+            "argmax": binary_rates(is_class, predicted == c),
+            "operating_point": None if threshold is None else {"threshold": threshold, **binary_rates(is_class, probabilities[:, c] >= threshold)},
+        }
+    return {
+        "images": int(labels.size),
+        "accuracy": float((predicted == labels).mean()) if labels.size else None,
+        "macro_roc_auc": macro_auc(labels, probabilities),
+        "labels": list(class_names),
+        "confusion_matrix": confusion_matrix(labels, predicted, len(class_names)).tolist(),
+        "per_class": per_class,
+    }
+
+
+def _save_figure(figure, path: Path) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    figure.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    os.replace(tmp, path)
+
+
+def plot_roc(path: Path, labels: np.ndarray, probabilities: np.ndarray, report: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(5.5, 5))
+    for c, name in enumerate(report["labels"]):
+        entry = report["per_class"][name]
+        if entry["roc_auc"] is None:
+            continue
+        fpr, tpr, _ = roc_curve(labels == c, probabilities[:, c])
+        (line,) = axes.plot(fpr, tpr, label=f"{name} (AUC {entry['roc_auc']:.3f})")
+        point = entry["operating_point"]
+        if point and point["sensitivity"] is not None and point["specificity"] is not None:
+            axes.plot(1 - point["specificity"], point["sensitivity"], "o", color=line.get_color())
+    axes.plot([0, 1], [0, 1], ":", color="gray")
+    axes.set(xlabel="1 - specificity", ylabel="sensitivity", title="Test ROC, one vs rest (dots: val-chosen thresholds)", xlim=(0, 1), ylim=(0, 1.02))
+    axes.legend(loc="lower right")
+    _save_figure(figure, path)
+    plt.close(figure)
+
+
+def plot_confusion(path: Path, report: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    matrix = np.array(report["confusion_matrix"])
+    names = report["labels"]
+    figure, axes = plt.subplots(figsize=(1.4 * len(names) + 2, 1.4 * len(names) + 1.5))
+    axes.imshow(matrix, cmap="Blues")
+    for (row, col), count in np.ndenumerate(matrix):
+        axes.text(col, row, str(count), ha="center", va="center", color="white" if count > matrix.max() / 2 else "black")
+    axes.set(xticks=range(len(names)), yticks=range(len(names)), xticklabels=names, yticklabels=names,
+             xlabel="predicted", ylabel="true", title=f"Test confusion matrix (accuracy {report['accuracy']:.3f})")
+    _save_figure(figure, path)
+    plt.close(figure)
+
+
+def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
+    import tensorflow as tf
+
+    run_dir, data_dir = Path(config.train.run_dir), Path(config.data.data_dir)
+    model_path, card_path = run_dir / MODEL_FILE, run_dir / MODEL_CARD
+    if not model_path.is_file() or not card_path.is_file():
+        raise UserError(f"no trained model in {run_dir} ({MODEL_FILE}, {MODEL_CARD}): run `covidxray train` first")
+    card = json.loads(card_path.read_text())
+    manifest = load_manifest(data_dir)
+    if manifest["labels"] != card["labels"]:
+        raise UserError(f"{data_dir} has labels {manifest['labels']} but the model in {run_dir} predicts {card['labels']}: evaluate on data of the same task")
+    if int(manifest["image_size"]) != int(card["image_size"]):
+        raise UserError(f"{data_dir} holds {manifest['image_size']} px images, the model expects {card['image_size']} px: prepare with --image-size {card['image_size']}")
+    if not manifest["splits"]["test"]["records"]:
+        raise UserError(f"{data_dir}: the test split is empty")
+
+    model = tf.keras.models.load_model(str(model_path), compile=False)
+    names, size = card["labels"], int(card["image_size"])
+    val_probs, val_labels = predict_split(model, data_dir, "val", size, len(names))
+    test_probs, test_labels = predict_split(model, data_dir, "test", size, len(names))
+    thresholds = choose_thresholds(val_labels, val_probs)
+    report = classification_report(test_labels, test_probs, names, thresholds)
+    report.update({
+        "split": "test",
+        "thresholds": {"chosen_on": "val", "rule": "Youden J (sensitivity + specificity - 1), one vs rest",
+                       "val_images": int(val_labels.size), "per_class": dict(zip(names, thresholds))},
+        "model": {"file": str(model_path), "architecture": card.get("model"), "best_epoch": card.get("best", {}).get("epoch")},
+        "data_dir": str(data_dir),
+        "data_is_training_data": card.get("manifest_sha256") == manifest_sha256(data_dir),
+    })
+    write_json(run_dir / EVALUATION, report)
+    plot_roc(run_dir / ROC_PLOT, test_labels, test_probs, report)
+    plot_confusion(run_dir / CONFUSION_PLOT, report)
+
+    say(f"test: {report['images']} images, accuracy {report['accuracy']:.3f}, macro ROC AUC {_fmt(report['macro_roc_auc'])}")
+    for name, entry in report["per_class"].items():
+        point = entry["operating_point"] or {}
+        say(f"  {name:12s} AUC {_fmt(entry['roc_auc'])}  at val threshold {_fmt(point.get('threshold'))}: "
+            f"sensitivity {_fmt(point.get('sensitivity'))} specificity {_fmt(point.get('specificity'))} PPV {_fmt(point.get('ppv'))}")
+    say(f"wrote {EVALUATION}, {ROC_PLOT}, {CONFUSION_PLOT} to {run_dir}")
+    return report
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
