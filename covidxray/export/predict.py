@@ -60,7 +60,10 @@ def predict_path(path: Path, classifier: TFLiteClassifier, explain: Optional[Exp
 
 def gradcam_explainer(classifier: TFLiteClassifier, out_dir: Path, keras_model: Optional[Path] = None) -> Explainer:
     """The Keras model named by the sidecar (beside the .tflite) unless `keras_model` overrides it."""
-    from covidxray.export.gradcam import GradCamWriter  # imports TensorFlow
+    try:
+        from covidxray.export.gradcam import GradCamWriter  # imports TensorFlow
+    except ImportError as err:
+        raise UserError(f"--explain runs the Keras model and needs TensorFlow ({err}): run it where covidxray was trained, or install the full package") from None
 
     if keras_model is None:
         if "keras_model" not in classifier.card:
