@@ -1,0 +1,77 @@
+"""Each benchmark runs end to end in --quick mode and writes its JSON report.
+
+Smoke tests only: figures from tiny inputs on a shared machine mean nothing,
+so nothing here asserts a time; the verdict field must exist and agree with
+the goals it summarises.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, have_horovod
+
+RESULT_KEYS = {
+    "prepare": {"images", "prepare_over_floor_1w", "prepare_over_floor_2w", "prepare_scaling_1_to_2", "floor_scaling_1_to_2"},
+    "input": {"batch_size", "records_per_s", "ratios"},
+    "horovod": {"pinned", "cases"},
+    "predict": {"latency_s", "bytes", "predict_process"},
+}
+
+
+def run_bench(name: str, workdir) -> dict:
+    out = workdir / f"{name}.json"
+    cmd = [sys.executable, str(REPO / "scripts" / f"bench_{name}.py"), "--quick", "--workdir", str(workdir), "--out", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "goal " in result.stdout  # the verdicts are printed, not only written
+    return json.loads(out.read_text())
+
+
+def check_report(report: dict, name: str) -> None:
+    assert report["benchmark"] == name
+    assert report["quick"] is True
+    assert f"bench_{name}.py" in report["command"]
+    assert RESULT_KEYS[name] <= set(report["results"])
+    assert report["goals"] and all(isinstance(g["met"], bool) and g["goal"] and g["target"] for g in report["goals"])
+    assert report["verdict"] == ("met" if all(g["met"] for g in report["goals"]) else "missed")
+    assert report["missed"] == [g["goal"] for g in report["goals"] if not g["met"]]
+    assert report["tables"] and all(len(row) == len(t["headers"]) for t in report["tables"] for row in t["rows"])
+
+
+@pytest.mark.slow
+def test_bench_prepare_quick(tmp_path):
+    report = run_bench("prepare", tmp_path)
+    check_report(report, "prepare")
+    results = report["results"]
+    assert results["records_written_1w"] == results["records_written_2w"] == results["images"] == 12
+
+
+@pytest.mark.slow
+def test_bench_input_quick(tmp_path):
+    report = run_bench("input", tmp_path)
+    check_report(report, "input")
+    assert set(report["results"]["ratios"]) == {"small_cnn@64"}
+
+
+@pytest.mark.slow
+def test_bench_predict_quick(tmp_path):
+    report = run_bench("predict", tmp_path)
+    check_report(report, "predict")
+    results = report["results"]
+    assert set(results["bytes"]) == {"keras", "float32", "int8"}
+    assert all(m["predicted"] == m["images"] for m in results["predict_process"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not have_horovod(), reason="horovodrun not installed")
+def test_bench_horovod_quick(tmp_path):
+    report = run_bench("horovod", tmp_path)
+    check_report(report, "horovod")
+    (case,) = report["results"]["cases"].values()
+    assert case["bytes_per_step"] == case["allreduce"]["parameters"] * 4
+    assert len(case["images_per_s"]["np1"]) == len(case["images_per_s"]["np2"]) == 1  # 2 epochs, the first skipped
