@@ -1,0 +1,132 @@
+"""Issue 4: training input, state bookkeeping and resume after `kill -9`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import covidxray_cmd, run_cli
+from covidxray.data.prepare import shard_paths
+from covidxray.train.input import assign_shards, rank_records
+
+
+def _record_ids(dataset) -> list[str]:
+    import tensorflow as tf
+
+    from covidxray.data.tfrecord import FEATURES
+
+    return [tf.io.parse_single_example(raw, FEATURES)["record_id"].numpy().decode() for raw in dataset]
+
+
+def test_file_level_shards_are_disjoint_and_cover_every_file():
+    paths = [Path(f"train-{i:05d}.tfrecord") for i in range(7)]
+    per_rank = [assign_shards(paths, rank, 3) for rank in range(3)]
+    files = [set(s.files) for s in per_rank]
+    assert not any(s.record_level for s in per_rank)
+    assert all(files) and set.union(*files) == {str(p) for p in paths}
+    assert sum(len(f) for f in files) == len(paths)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_record_level_fallback_splits_records_disjointly(synthetic_data, training):
+    """More ranks than files: every rank reads all files in one shared order and keeps every size-th record."""
+    paths = shard_paths(synthetic_data, "val")
+    size = len(paths) + 1
+    everything = _record_ids(rank_records(assign_shards(paths, 0, 1), 0, 1, False, seed=0))
+    per_rank = []
+    for rank in range(size):
+        shards = assign_shards(paths, rank, size)
+        assert shards.record_level
+        per_rank.append(_record_ids(rank_records(shards, rank, size, training, seed=5)))
+    assert all(per_rank)
+    assert sum(len(ids) for ids in per_rank) == len(everything)
+    assert set().union(*per_rank) == set(everything)
+
+
+def test_class_weights_balance_the_classes():
+    from covidxray.train.trainer import class_weights
+
+    counts = {"normal": 300, "pneumonia": 100, "covid-19": 50}
+    weights = class_weights(counts, list(counts))
+    per_class_total = [weights[i] * counts[c] for i, c in enumerate(counts)]
+    assert max(per_class_total) == pytest.approx(min(per_class_total))
+    assert sum(per_class_total) == pytest.approx(sum(counts.values()))  # mean weight over samples is 1
+    assert class_weights({"normal": 5, "covid-19": 0}, ["normal", "covid-19"])[1] == 0.0
+
+
+def test_best_tracker_keeps_best_val_auc_and_stops_after_patience():
+    import tensorflow as tf
+
+    from covidxray.train.distributed import StaticState, World
+    from covidxray.train.trainer import BestTracker
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(1,))])
+    state = StaticState(World(), model, None, best={}, epochs_since_best=0)
+    tracker = BestTracker(state, patience=2)
+    tracker.set_model(model)
+    for epoch, auc in enumerate([0.6, 0.7, 0.65, float("nan")]):
+        model.stop_training = False
+        tracker.on_epoch_end(epoch, {"val_auc": auc, "loss": 1.0})
+    assert state.best["epoch"] == 2 and state.best["val_auc"] == 0.7
+    assert state.epochs_since_best == 2 and model.stop_training  # a NaN AUC is no improvement
+
+
+def test_elastic_flag_must_match_the_launch(monkeypatch):
+    from covidxray.errors import UserError
+    from covidxray.train.distributed import check_launch_mode
+
+    monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
+    with pytest.raises(UserError, match="min-np"):
+        check_launch_mode(True)
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    with pytest.raises(UserError, match="--elastic"):
+        check_launch_mode(False)
+    check_launch_mode(True)
+
+
+def _latest_epoch(run_dir: Path) -> int:
+    try:
+        return json.loads((run_dir / "checkpoints" / "latest.json").read_text())["epoch"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.mark.slow
+def test_kill_9_mid_epoch_then_resume_ends_with_the_same_epochs(synthetic_data, tmp_path):
+    run_dir, epochs = tmp_path / "run", 4
+    args = ["train", "--data-dir", str(synthetic_data), "--run-dir", str(run_dir), "--epochs", str(epochs), "--batch-size", "8"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    process = subprocess.Popen(covidxray_cmd(*args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while _latest_epoch(run_dir) < 1 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # well inside epoch 2 (an epoch here takes a few seconds)
+        assert process.poll() is None, "training finished before it could be killed"
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    killed_at = _latest_epoch(run_dir)
+    assert 1 <= killed_at < epochs
+
+    result = run_cli(*args, "--resume")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming after epoch {killed_at}" in result.stderr
+    log = json.loads((run_dir / "train_log.json").read_text())
+    assert [e["epoch"] for e in log["epochs"]] == list(range(1, epochs + 1))
+    # the optimizer (step count, Adam moments) came back with the weights: no step was lost or repeated
+    assert log["optimizer_steps"] == epochs * log["steps_per_epoch"]
+    assert log["epochs"][-1]["lr"] == pytest.approx(1e-3)
+    latest = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+    assert latest["epoch"] == epochs and (run_dir / "checkpoints" / latest["path"] / "ckpt.index").is_file()
+    leftovers = [p for p in run_dir.rglob("*") if "partial" in p.name]
+    assert not leftovers, leftovers
+    assert (run_dir / "model.keras").is_file() and json.loads((run_dir / "model.json").read_text())["best"]["epoch"] <= epochs
