@@ -1,0 +1,169 @@
+"""Issue 4: multi-process training under Gloo, MPI and elastic Horovod; `covidxray doctor`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, VENV_BIN, have_horovod, run_cli
+
+pytestmark = pytest.mark.skipif(not have_horovod(), reason="horovod is not installed in this venv")
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+COVIDXRAY = str(VENV_BIN / "covidxray")
+HOROVODRUN = str(VENV_BIN / "horovodrun")
+
+
+def _train_args(data_dir: Path, run_dir: Path | str, epochs: int, *extra: str) -> list[str]:
+    return ["train", "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--epochs", str(epochs), *extra]
+
+
+def _log(run_dir: Path) -> dict:
+    return json.loads((run_dir / "train_log.json").read_text())
+
+
+def _assert_replicas_agree(log: dict, ranks: int) -> None:
+    digests = log["weights_sha256_per_rank"]
+    assert len(digests) == ranks and len(set(digests)) == 1
+
+
+@pytest.mark.slow
+def test_gloo_two_ranks_agree_warm_up_and_only_rank_0_writes(synthetic_data, tmp_path):
+    """Each rank gets its own --run-dir: rank 1's must never come into existence."""
+    train = " ".join(_train_args(synthetic_data, f"{tmp_path}/rank$HOROVOD_RANK", 2, "--set", "train.warmup_epochs=1", "--set", "train.learning_rate=0.001"))
+    command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", "sh", "-c", f"exec {COVIDXRAY} {train}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENV)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0"]
+    log = _log(tmp_path / "rank0")
+    _assert_replicas_agree(log, 2)
+    assert log["world_size"] == 2 and [e["epoch"] for e in log["epochs"]] == [1, 2]
+    # LR scaled by the world size, reached at the end of the one warmup epoch
+    assert [e["lr"] for e in log["epochs"]] == pytest.approx([0.002, 0.002])
+    assert log["optimizer_steps"] == 2 * log["steps_per_epoch"]
+    assert "[1]<stderr>:epoch" not in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun (apt install mpich)")
+def test_mpi_two_ranks_agree(synthetic_data, tmp_path):
+    """MPICH's own launcher: horovodrun --mpi (0.28.1) does not recognise Debian's MPICH 4 (horovod#3984)."""
+    run_dir = tmp_path / "run"
+    command = ["mpirun", "-np", "2", COVIDXRAY, *_train_args(synthetic_data, run_dir, 2)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENV)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    log = _log(run_dir)
+    _assert_replicas_agree(log, 2)
+    assert log["world_size"] == 2 and [e["epoch"] for e in log["epochs"]] == [1, 2]
+    shards = [set(r["shards"]) for r in log["ranks"]]
+    assert shards[0] and shards[1] and not shards[0] & shards[1]
+
+
+def _worker_pids(run_dir: Path, rank: int) -> list[int]:
+    """This job's training processes (not their shells) running as `rank`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"python" in Path(cmdline[0].decode(errors="replace")).name.encode() and str(run_dir).encode() in cmdline \
+                and f"HOROVOD_RANK={rank}".encode() in environ:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _epochs_logged(run_dir: Path) -> int:
+    try:
+        return len(_log(run_dir)["epochs"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.mark.slow
+def test_elastic_job_survives_a_killed_worker(synthetic_data, tmp_path):
+    """Two 'hosts' (localhost and 127.0.0.1 are both local to horovodrun, so no ssh); kill rank 1 mid-training."""
+    hosts_file, run_dir, epochs = tmp_path / "hosts.txt", tmp_path / "run", 6
+    hosts_file.write_text("localhost:1\n127.0.0.1:1\n")
+    command = [
+        HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2",
+        "--host-discovery-script", str(REPO / "scripts" / "discover_hosts.sh"),
+        COVIDXRAY, *_train_args(synthetic_data, run_dir, epochs, "--elastic", "--batch-size", "8"),
+    ]
+    job = subprocess.Popen(command, env={**ENV, "COVIDXRAY_HOSTS_FILE": str(hosts_file)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while _epochs_logged(run_dir) < 2 and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        victims = _worker_pids(run_dir, rank=1)
+        assert job.poll() is None and len(victims) == 1, (victims, job.poll())
+        os.kill(victims[0], signal.SIGKILL)
+        output, _ = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, output[-4000:]
+    log = _log(run_dir)
+    assert [e["epoch"] for e in log["epochs"]] == list(range(1, epochs + 1))
+    sizes = [e["world_size"] for e in log["epochs"]]
+    assert sizes[0] == 2 and sizes[-1] == 1, sizes
+    assert log["epochs"][-1]["lr"] == pytest.approx(1e-3)  # LR rescaled to the one surviving rank
+    assert log["elastic"] is True and len(log["weights_sha256_per_rank"]) == 1
+    latest = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+    assert latest["epoch"] == epochs
+
+
+def test_discovery_script_prints_host_slots(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# the cluster\npi01:2\npi02   # spare PSU\n\n  pi03:1\nbad:x\n")
+    result = subprocess.run([str(REPO / "scripts" / "discover_hosts.sh")], capture_output=True, text=True,
+                            env={**os.environ, "COVIDXRAY_HOSTS_FILE": str(hosts), "COVIDXRAY_DEFAULT_SLOTS": "4"})
+    assert result.returncode == 0
+    assert result.stdout.split() == ["pi01:2", "pi02:4", "pi03:1"]
+    assert "bad:x" in result.stderr
+    missing = subprocess.run([str(REPO / "scripts" / "discover_hosts.sh")], capture_output=True, text=True,
+                             env={**os.environ, "COVIDXRAY_HOSTS_FILE": str(tmp_path / "nope")})
+    assert missing.returncode != 0 and "COVIDXRAY_HOSTS_FILE" in missing.stderr
+
+
+def test_doctor_json_reports_horovod_build_and_verifies_shards(synthetic_data):
+    result = run_cli("doctor", "--json", "--data-dir", str(synthetic_data))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    import horovod.tensorflow as hvd
+
+    assert report["ok"] is True
+    assert report["horovod"]["controllers"] == {"gloo": hvd.gloo_built(), "mpi": hvd.mpi_built()}
+    assert report["versions"]["horovod"] == "0.28.1" and report["versions"]["tensorflow"].startswith("2.15")
+    assert report["system"]["cores_usable"] >= 1 and report["system"]["disk_free_mb"] > 0
+    assert report["shards"]["shards"] == len(json.loads((synthetic_data / "manifest.json").read_text())["shards"])
+    assert {c["name"] for c in report["checks"] if c["required"]} >= {"tensorflow", "horovod", "shards match manifest sha256"}
+
+
+def test_doctor_names_a_changed_or_missing_shard(synthetic_data, tmp_path):
+    from covidxray.doctor import check_shards, diagnose
+
+    copy = tmp_path / "data"
+    shutil.copytree(synthetic_data / "shards", copy / "shards")
+    shutil.copy(synthetic_data / "manifest.json", copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    changed, removed = manifest["shards"][0]["file"], manifest["shards"][1]["file"]
+    with open(copy / "shards" / changed, "r+b") as handle:
+        handle.seek(100)
+        byte = handle.read(1)
+        handle.seek(100)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    (copy / "shards" / removed).unlink()
+    report = check_shards(copy)
+    assert report["sha256_mismatch"] == [changed] and report["missing"] == [removed]
+    assert diagnose(copy)["ok"] is False  # so `covidxray doctor` exits non-zero
