@@ -6,9 +6,11 @@
 #       --host-discovery-script scripts/discover_hosts.sh covidxray train --elastic ...
 #
 # It reads a hosts file (COVIDXRAY_HOSTS_FILE, default ./hosts.txt), one board
-# per line as `host` or `host:slots`; blank lines and `#` comments are skipped
-# and a bare host gets COVIDXRAY_DEFAULT_SLOTS (default 1) slots. To take a
-# board out of the job, comment out its line; to add one, add a line.
+# per line as `host`, `host:slots` or `host slots=N` (the hostfile format of
+# horovodrun/mpirun and scripts/cluster, so one file serves static and elastic
+# jobs); blank lines and `#` comments are skipped and a bare host gets
+# COVIDXRAY_DEFAULT_SLOTS (default 1) slots. To take a board out of the job,
+# comment out its line; to add one, add a line.
 set -euo pipefail
 
 hosts_file="${COVIDXRAY_HOSTS_FILE:-hosts.txt}"
@@ -21,15 +23,21 @@ fi
 
 while IFS= read -r line || [[ -n "$line" ]]; do
     line="${line%%#*}"
-    line="${line//[[:space:]]/}"
-    [[ -z "$line" ]] && continue
-    if [[ "$line" != *:* ]]; then
-        line="$line:$default_slots"
+    read -r host rest <<< "$line" || true
+    [[ -z "${host:-}" ]] && continue
+    if [[ "$host" == *:* && -z "${rest:-}" ]]; then
+        entry="$host"
+    elif [[ -z "${rest:-}" ]]; then
+        entry="$host:$default_slots"
+    elif [[ "$rest" =~ ^slots=([0-9]+)$ ]]; then
+        entry="$host:${BASH_REMATCH[1]}"
+    else
+        entry="$host $rest"
     fi
-    if [[ ! "$line" =~ ^[^:]+:[0-9]+$ ]]; then
+    if [[ ! "$entry" =~ ^[^:[:space:]]+:[0-9]+$ ]]; then
         # skipped, not fatal: a typo made while the job runs must not end it
-        echo "discover_hosts.sh: $hosts_file: skipping '$line' (expected host or host:slots)" >&2
+        echo "discover_hosts.sh: $hosts_file: skipping '$entry' (expected host, host:slots or host slots=N)" >&2
         continue
     fi
-    echo "$line"
+    echo "$entry"
 done < "$hosts_file"

@@ -125,11 +125,11 @@ def test_elastic_job_survives_a_killed_worker(synthetic_data, tmp_path):
 
 def test_discovery_script_prints_host_slots(tmp_path):
     hosts = tmp_path / "hosts"
-    hosts.write_text("# the cluster\npi01:2\npi02   # spare PSU\n\n  pi03:1\nbad:x\n")
+    hosts.write_text("# the cluster\npi01:2\npi02   # spare PSU\n\n  pi03:1\nbad:x\npi04 slots=3\n")
     result = subprocess.run([str(REPO / "scripts" / "discover_hosts.sh")], capture_output=True, text=True,
                             env={**os.environ, "COVIDXRAY_HOSTS_FILE": str(hosts), "COVIDXRAY_DEFAULT_SLOTS": "4"})
     assert result.returncode == 0
-    assert result.stdout.split() == ["pi01:2", "pi02:4", "pi03:1"]
+    assert result.stdout.split() == ["pi01:2", "pi02:4", "pi03:1", "pi04:3"]  # horovodrun's hostfile lines work too
     assert "bad:x" in result.stderr
     missing = subprocess.run([str(REPO / "scripts" / "discover_hosts.sh")], capture_output=True, text=True,
                              env={**os.environ, "COVIDXRAY_HOSTS_FILE": str(tmp_path / "nope")})

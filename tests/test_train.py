@@ -130,3 +130,13 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_same_epochs(synthetic_data, 
     leftovers = [p for p in run_dir.rglob("*") if "partial" in p.name]
     assert not leftovers, leftovers
     assert (run_dir / "model.keras").is_file() and json.loads((run_dir / "model.json").read_text())["best"]["epoch"] <= epochs
+
+
+def test_shipped_configs_load_and_default_yaml_is_the_defaults():
+    from covidxray.config import Config, load_config
+    from covidxray.train.models import MODEL_REGISTRY
+
+    repo = Path(__file__).resolve().parents[1]
+    assert load_config(repo / "configs" / "default.yaml") == Config()
+    cluster = load_config(repo / "configs" / "pi-cluster.yaml")
+    assert cluster.train.model in MODEL_REGISTRY and cluster.train.warmup_epochs > 0
