@@ -140,3 +140,23 @@ def test_shipped_configs_load_and_default_yaml_is_the_defaults():
     assert load_config(repo / "configs" / "default.yaml") == Config()
     cluster = load_config(repo / "configs" / "pi-cluster.yaml")
     assert cluster.train.model in MODEL_REGISTRY and cluster.train.warmup_epochs > 0
+
+
+def test_application_backbone_loads_a_local_weights_file_and_refuses_a_wrong_one(tmp_path):
+    """The stand-in for Keras' downloaded ImageNet file: no network, and a wrong file is an error, not ignored."""
+    import numpy as np
+    import tensorflow as tf
+
+    from covidxray.errors import UserError
+    from covidxray.train.models import build_model
+
+    backbone = tf.keras.applications.MobileNetV3Small(include_top=False, weights=None, input_shape=(64, 64, 3), pooling="avg")
+    weights = tmp_path / "mobilenet_v3_small_no_top.h5"
+    backbone.save_weights(str(weights))
+    model = build_model("mobilenet_v3_small", 64, 3, str(weights))
+    (inner,) = [layer for layer in model.layers if isinstance(layer, tf.keras.Model)]
+    assert all(np.array_equal(a, b) for a, b in zip(inner.get_weights(), backbone.get_weights()))
+    with pytest.raises(UserError, match="efficientnet_b0"):
+        build_model("efficientnet_b0", 64, 3, str(weights))
+    with pytest.raises(UserError, match="not found"):
+        build_model("small_cnn", 64, 3, str(tmp_path / "missing.h5"))

@@ -1,9 +1,11 @@
-"""Model registry: name -> builder(image_size, num_classes, weights_path).
+"""Model registry: name -> builder(image_size, num_classes, weights).
 
 Every model takes (size, size, 1) gray values 0..255 and rescales inside, so
 preprocessing is part of the model and cannot drift between train and predict.
 Nothing is downloaded: Keras applications start from `weights=None` or from a
-weights file the user names.
+weights file the user names, which is loaded into the backbone exactly where
+Keras would load its downloaded ImageNet file (e.g. the `..._no_top.h5` copied
+to the board by hand); for small_cnn the file holds the whole model's weights.
 """
 
 from __future__ import annotations
@@ -27,8 +29,16 @@ def register_model(name: str):
     return decorate
 
 
+def _checked_weights(weights: str) -> str | None:
+    if not weights:
+        return None
+    if not Path(weights).is_file():
+        raise UserError(f"weights file {weights} not found (train.weights)")
+    return weights
+
+
 @register_model("small_cnn")
-def small_cnn(image_size: int, num_classes: int) -> tf.keras.Model:
+def small_cnn(image_size: int, num_classes: int, weights: str = "") -> tf.keras.Model:
     """The seed's baseline: Conv32-Pool-Conv64-Pool-Dense512."""
     inputs = layers.Input((image_size, image_size, 1), name="image")
     x = layers.Rescaling(1.0 / 255)(inputs)
@@ -40,14 +50,23 @@ def small_cnn(image_size: int, num_classes: int) -> tf.keras.Model:
     x = layers.Dense(512, activation="relu")(x)
     x = layers.Dropout(0.5)(x)
     outputs = layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
-    return tf.keras.Model(inputs, outputs, name="small_cnn")
+    model = tf.keras.Model(inputs, outputs, name="small_cnn")
+    if _checked_weights(weights):
+        try:
+            model.load_weights(weights)
+        except (ValueError, OSError, tf.errors.OpError) as err:
+            raise UserError(f"weights file {weights} does not fit small_cnn at {image_size} px / {num_classes} classes: {err}") from None
+    return model
 
 
 def _application(backbone_fn, name: str):
-    def build(image_size: int, num_classes: int) -> tf.keras.Model:
+    def build(image_size: int, num_classes: int, weights: str = "") -> tf.keras.Model:
         inputs = layers.Input((image_size, image_size, 1), name="image")
         rgb = layers.Concatenate()([inputs, inputs, inputs])  # backbones expect 3 channels of 0..255
-        backbone = backbone_fn(include_top=False, weights=None, input_shape=(image_size, image_size, 3), pooling="avg")
+        try:
+            backbone = backbone_fn(include_top=False, weights=_checked_weights(weights), input_shape=(image_size, image_size, 3), pooling="avg")
+        except (ValueError, OSError) as err:
+            raise UserError(f"weights file {weights} is not {name} backbone weights (include_top=False): {err}") from None
         x = layers.Dropout(0.2)(backbone(rgb))
         outputs = layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
         return tf.keras.Model(inputs, outputs, name=name)
@@ -64,10 +83,4 @@ def build_model(name: str, image_size: int, num_classes: int, weights: str = "")
         builder = MODEL_REGISTRY[name]
     except KeyError:
         raise UserError(f"unknown model {name!r}; available: {', '.join(sorted(MODEL_REGISTRY))}") from None
-    model = builder(image_size, num_classes)
-    if weights:
-        path = Path(weights)
-        if not path.is_file():
-            raise UserError(f"weights file {path} not found (train.weights)")
-        model.load_weights(str(path), skip_mismatch=path.suffix == ".h5", by_name=path.suffix == ".h5")
-    return model
+    return builder(image_size, num_classes, weights)
