@@ -91,7 +91,11 @@ def _epochs_logged(run_dir: Path) -> int:
 
 @pytest.mark.slow
 def test_elastic_job_survives_a_killed_worker(synthetic_data, tmp_path):
-    """Two 'hosts' (localhost and 127.0.0.1 are both local to horovodrun, so no ssh); kill rank 1 mid-training."""
+    """Two 'hosts' (localhost and 127.0.0.1 are both local to horovodrun, so no ssh); kill rank 0 mid-training.
+
+    Rank 0 is the hard case: the survivor becomes rank 0 and must carry on the
+    log, best model and checkpoints from the replicated state.
+    """
     hosts_file, run_dir, epochs = tmp_path / "hosts.txt", tmp_path / "run", 6
     hosts_file.write_text("localhost:1\n127.0.0.1:1\n")
     command = [
@@ -104,7 +108,7 @@ def test_elastic_job_survives_a_killed_worker(synthetic_data, tmp_path):
         deadline = time.monotonic() + 300
         while _epochs_logged(run_dir) < 2 and job.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        victims = _worker_pids(run_dir, rank=1)
+        victims = _worker_pids(run_dir, rank=0)
         assert job.poll() is None and len(victims) == 1, (victims, job.poll())
         os.kill(victims[0], signal.SIGKILL)
         output, _ = job.communicate(timeout=600)

@@ -219,7 +219,12 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
     cfg, data_dir = config.train, Path(config.data.data_dir)
     check_launch_mode(cfg.elastic)
     world = init_world()
-    say = say if world.is_root else (lambda _msg: None)
+    user_say = say
+
+    def say(message: str) -> None:  # asked at each call: an elastic job may hand rank 0 to another worker
+        if world.is_root:
+            user_say(message)
+
     run_dir = Path(cfg.run_dir)
     manifest = load_manifest(data_dir)
     labels, image_size = manifest["labels"], int(manifest["image_size"])
@@ -242,7 +247,6 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
             restored = _restore(run_dir, checkpoint)
             say(f"resuming after epoch {restored['epoch']}" if restored else "no checkpoint found: starting from epoch 0")
             values.update(restored)
-        config.save(run_dir / "config.yaml")
     state = world.make_state(model, optimizer, **values)
     card = {
         "labels": labels, "image_size": image_size, "task": manifest["task"], "model": cfg.model,
@@ -266,7 +270,9 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
             EpochLog(world, state, steps_per_epoch * cfg.batch_size, header, run_dir, say),
             BestTracker(state, cfg.early_stopping_patience),
         ]
-        if world.is_root:
+        if world.is_root:  # possibly a new rank 0 on another board, whose run dir is still empty
+            run_dir.mkdir(parents=True, exist_ok=True)
+            config.save(run_dir / "config.yaml")
             callbacks.append(Checkpointer(run_dir, checkpoint, state, card))
         callbacks.append(CommitEpoch(state))
         if state.epoch < cfg.epochs and not stopped_early(state, cfg.early_stopping_patience):
