@@ -27,7 +27,7 @@ class DataConfig:
     # Source name -> that source's options (see `covidxray sources`); `from_path` points at
     # an archive or folder already on disk instead of downloading.
     sources: dict[str, dict[str, Any]] = field(default_factory=lambda: {"synthetic": {}})
-    data_dir: str = "data/synthetic"
+    data_dir: str = "data/prepared"  # shards + manifest.json; one folder per prepared data set
     task: str = "chest3"
     image_size: int = 128
     val_fraction: float = 0.15
