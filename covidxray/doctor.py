@@ -107,7 +107,8 @@ def diagnose(data_dir: Path | None = None) -> dict:
             detected = horovod["horovodrun_mpi_detects"]
             checks.append(_check(
                 "horovodrun --mpi recognises this MPI", detected not in ("Unknown", "Missing"),
-                detected if detected not in ("Unknown", "Missing") else "no (MPICH 4 prints HYDRA): launch MPI jobs with mpirun -np N -hosts ... covidxray train",
+                detected if detected not in ("Unknown", "Missing")
+                else "no (MPICH 4 prints HYDRA): put scripts/mpich-shim first on PATH, or launch with mpirun -np N -f machinefile",
                 required=False,
             ))
     checks += [

@@ -52,11 +52,17 @@ def test_gloo_two_ranks_agree_warm_up_and_only_rank_0_writes(synthetic_data, tmp
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun (apt install mpich)")
-def test_mpi_two_ranks_agree(synthetic_data, tmp_path):
-    """MPICH's own launcher: horovodrun --mpi (0.28.1) does not recognise Debian's MPICH 4 (horovod#3984)."""
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun --mpi"])
+def test_mpi_two_ranks_agree(synthetic_data, tmp_path, launcher):
+    """MPICH's own launcher, and horovodrun --mpi through scripts/mpich-shim (horovod 0.28.1 misses MPICH 4)."""
     run_dir = tmp_path / "run"
-    command = ["mpirun", "-np", "2", COVIDXRAY, *_train_args(synthetic_data, run_dir, 2)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENV)
+    env = ENV
+    if launcher == "mpirun":
+        command = ["mpirun", "-np", "2"]
+    else:
+        command = [HOROVODRUN, "--mpi", "-np", "2", "-H", "localhost:2"]
+        env = {**ENV, "PATH": f"{REPO / 'scripts' / 'mpich-shim'}{os.pathsep}{ENV['PATH']}", "COVIDXRAY_REAL_MPIRUN": shutil.which("mpirun")}
+    result = subprocess.run([*command, COVIDXRAY, *_train_args(synthetic_data, run_dir, 2)], capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     log = _log(run_dir)
     _assert_replicas_agree(log, 2)
