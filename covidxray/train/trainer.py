@@ -134,7 +134,8 @@ class BestTracker(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         score = float(logs.get(MONITOR, float("nan")))
-        if score > (self.state.best.get(MONITOR) or -math.inf):
+        best = self.state.best.get(MONITOR)
+        if score > (-math.inf if best is None else best):  # NaN (undefined AUC) is never an improvement
             self.state.best = {"epoch": epoch + 1, **clean_metrics(logs)}
             self.state.epochs_since_best = 0
         else:
