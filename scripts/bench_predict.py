@@ -8,7 +8,7 @@ plus the shared preprocessing (decode + resize of a real-size file) for
 context. Model input is prepared once; only inference is timed.
 
 Memory: `covidxray predict` on real-size images as a subprocess; its peak RSS
-comes from `os.wait4` (that child alone), and `PYTHONPROFILEIMPORTTIME` lists
+is that process's own high-water mark (getrusage of a tiny launcher's child), and `PYTHONPROFILEIMPORTTIME` lists
 every module it imported, which shows whether TensorFlow was.
 
 The model: a run built here (phantom data, `covidxray train`, then
@@ -67,26 +67,30 @@ def imported_modules(importtime_log: str) -> set[str]:
     return {line.rsplit("|", 1)[1].strip() for line in importtime_log.splitlines() if line.startswith("import time:") and "|" in line}
 
 
+# Peak RSS is measured by a tiny launcher process: Linux carries a parent's RSS high-water mark over
+# fork + exec into the child's ru_maxrss, so a child of this (TensorFlow-sized) process would report ours.
+_LAUNCHER = (
+    "import json, resource, subprocess, sys, time; started = time.perf_counter(); code = subprocess.call(sys.argv[2:]); "
+    "open(sys.argv[1], 'w').write(json.dumps([code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, time.perf_counter() - started]))"
+)
+
+
 def predict_process(model_path: Path, images: list[Path]) -> dict:
     """Run `covidxray predict` as a user would; peak RSS of that process alone and what it imported."""
     cmd = _bench.covidxray("predict", *map(str, images), "--model", str(model_path), "--json")
     env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        started = time.perf_counter()
-        process = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True)
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-        seconds = time.perf_counter() - started
-        out.seek(0), err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if process.returncode != 0:
-        sys.exit(f"covidxray predict failed ({process.returncode}):\n{stderr[-3000:]}")
-    modules = imported_modules(stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        measured = Path(tmp) / "rusage.json"
+        result = subprocess.run([sys.executable, "-c", _LAUNCHER, str(measured), *cmd], capture_output=True, text=True, env=env)
+        code, max_rss_kib, seconds = json.loads(measured.read_text())
+    if result.returncode != 0 or code != 0:
+        sys.exit(f"covidxray predict failed ({code}):\n{result.stderr[-3000:]}")
+    modules = imported_modules(result.stderr)
     return {
         "command": " ".join(cmd),
         "images": len(images),
-        "predicted": len(json.loads(stdout)),
-        "peak_rss_mib": usage.ru_maxrss / 1024,  # Linux reports KiB
+        "predicted": len(json.loads(result.stdout)),
+        "peak_rss_mib": max_rss_kib / 1024,  # Linux reports KiB
         "wall_s": seconds,
         "tensorflow_imported": any(m == "tensorflow" or m.startswith("tensorflow.") for m in modules),
         "keras_imported": any(m == "keras" or m.startswith("keras.") for m in modules),
