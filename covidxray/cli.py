@@ -21,7 +21,7 @@ from covidxray.errors import UserError
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter hides our messages
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False, no_args_is_help=True, help="Chest X-ray classifiers: public data -> Horovod training -> LiteRT on the edge.")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # long paths stay whole, also in logs
 
 ConfigOption = typer.Option(None, "--config", "-c", help="YAML config (see configs/).")
 SetOption = typer.Option(None, "--set", help="Override any config key, e.g. --set train.epochs=3 (repeatable).")

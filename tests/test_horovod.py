@@ -44,6 +44,11 @@ def test_gloo_two_ranks_agree_warm_up_and_only_rank_0_writes(synthetic_data, tmp
     log = _log(tmp_path / "rank0")
     _assert_replicas_agree(log, 2)
     assert log["world_size"] == 2 and [e["epoch"] for e in log["epochs"]] == [1, 2]
+    assert all(len(e["images_per_s_per_rank"]) == 2 for e in log["epochs"])
+    shards = [set(r["shards"]) for r in log["ranks"]]
+    assert shards[0] and shards[1] and not shards[0] & shards[1]
+    manifest = json.loads((synthetic_data / "manifest.json").read_text())
+    assert shards[0] | shards[1] == {s["file"] for s in manifest["shards"] if s["split"] == "train"}
     # LR scaled by the world size, reached at the end of the one warmup epoch
     assert [e["lr"] for e in log["epochs"]] == pytest.approx([0.002, 0.002])
     assert log["optimizer_steps"] == 2 * log["steps_per_epoch"]
