@@ -73,11 +73,13 @@ class Ssh:
     def command(self, host: str, remote: str) -> list[str]:
         return ["ssh", *self.options(), host, remote]
 
-    def run(self, host: str, remote: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    def run(self, host: str, remote: str, local: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
+        """`remote` (a shell command) on `host`; on the launcher itself without ssh, as horovodrun does."""
+        command = ["sh", "-c", remote] if local else self.command(host, remote)
         try:
-            return subprocess.run(self.command(host, remote), capture_output=True, text=True, timeout=timeout)
+            return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(self.command(host, remote), 255, "", f"ssh {host}: no answer within {timeout:.0f}s")
+            return subprocess.CompletedProcess(command, 255, "", f"{host}: no answer within {timeout:.0f}s")
 
     def rsync_shell(self) -> str:
         """The `-e` value that makes rsync use the same ssh settings."""

@@ -18,53 +18,23 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # covidxray.train.input imports TensorFlow
 
-from nodes import ClusterError, Ssh, add_cluster_arguments, local_hosts, main_guard, on_every_host, place_ranks, read_hostfile, ssh_from_args  # noqa: E402
+from nodes import ClusterError, Ssh, add_cluster_arguments, local_hosts, main_guard, on_every_host, read_hostfile, ssh_from_args  # noqa: E402
+from shard_plan import SHARDS, HostPlan, add_plan_arguments, plan  # noqa: E402
 
-from covidxray.data.prepare import MANIFEST, load_manifest, shard_paths  # noqa: E402
-from covidxray.errors import UserError  # noqa: E402
-from covidxray.train.input import assign_shards  # noqa: E402
-
-SHARDS = "shards"
-
-
-@dataclass
-class HostPlan:
-    host: str
-    ranks: list[int] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)  # relative to the data dir
-
-    def add(self, relative: list[str]) -> None:
-        self.files.extend(f for f in relative if f not in self.files)
-
-
-def plan(data_dir: Path, hosts: list, num_proc: int | None, every_train_shard: bool) -> list[HostPlan]:
-    """Files each host needs: manifest, all val shards, and the train shards of the ranks placed on it."""
-    slots = place_ranks(hosts, num_proc)
-    train = shard_paths(data_dir, "train")
-    common = [MANIFEST] + [f"{SHARDS}/{p.name}" for p in shard_paths(data_dir, "val")]
-    plans = {h.hostname: HostPlan(h.hostname) for h in hosts if any(s.hostname == h.hostname for s in slots)}
-    for slot in slots:
-        host_plan = plans[slot.hostname]
-        host_plan.ranks.append(slot.rank)
-        files = train if every_train_shard else assign_shards(train, slot.rank, slot.size).files
-        host_plan.add(common + [f"{SHARDS}/{Path(f).name}" for f in files])
-    return list(plans.values())
+from covidxray.data.prepare import MANIFEST  # noqa: E402
 
 
 def missing_on_host(ssh: Ssh, host: str, root: str, expected: dict[str, int], manifest_sha: str, is_local: bool) -> list[str]:
     """What `host` lacks under `root`: files absent or of the wrong size, or a manifest from another prepare."""
     listing = f"cd {shlex.quote(root)} && sha256sum {MANIFEST} && find {SHARDS} -maxdepth 1 -type f -printf '%s %p\\n'"
-    result = subprocess.run(["sh", "-c", listing], capture_output=True, text=True) if is_local else ssh.run(host, listing)
+    result = ssh.run(host, listing, local=is_local)
     lines = result.stdout.splitlines()
     if result.returncode != 0 or not lines:
         return [f"{root}/{MANIFEST} ({(result.stderr.strip() or 'not found')[-200:]})"]
@@ -89,8 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_cluster_arguments(parser)
     parser.add_argument("--data-dir", type=Path, required=True, help="Prepared data on this machine (covidxray prepare output).")
     parser.add_argument("--remote-data-dir", default=None, help="Path on the boards (default: the same as --data-dir; training passes one --data-dir to every rank).")
-    parser.add_argument("--np", type=int, default=None, dest="num_proc", help="Ranks the run will use (default: every slot in the hostfile).")
-    parser.add_argument("--all", action="store_true", dest="every_train_shard", help="Every train shard to every board (elastic runs).")
+    add_plan_arguments(parser)
     parser.add_argument("--only", action="append", default=None, metavar="HOST", help="Sync just these hosts (e.g. a re-flashed board); repeatable.")
     parser.add_argument("--nfs", default=None, metavar="PATH", help="Shared mount: copy nothing, check every board sees the data at PATH.")
     parser.add_argument("--dry-run", action="store_true", help="Print the plan as JSON and stop.")
@@ -100,10 +69,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     data_dir = args.data_dir.resolve()
-    try:
-        load_manifest(data_dir)
-    except UserError as err:
-        raise ClusterError(str(err)) from None
     plans = plan(data_dir, read_hostfile(args.hostfile), args.num_proc, args.every_train_shard)
     if args.only:
         unknown = set(args.only) - {p.host for p in plans}
@@ -135,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     failures = 0
     for host_plan, note, problems in on_every_host(sync_one, plans):
-        train_count = sum(1 for f in host_plan.files if f.startswith(f"{SHARDS}/train-"))
+        train_count = len(host_plan.train_shards)
         status = "ok" if not problems else "MISSING"
         print(f"{host_plan.host:20s} ranks {','.join(map(str, host_plan.ranks)):8s} {train_count:4d} train shards  {note:32s} {status}")
         for problem in problems:
