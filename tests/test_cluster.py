@@ -1,0 +1,255 @@
+"""Issue 7: the cluster side, run for real over ssh to loopback "boards" 127.0.0.2 and 127.0.0.3.
+
+A throwaway sshd (tests/sshd.py) serves both addresses; horovodrun does not
+count them as local, so every rank, rsync and doctor call goes through ssh,
+which the sshd log proves. All traffic stays on 127.0.0.0/8.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, VENV_BIN, have_horovod
+from sshd import HOSTS, SSH, SSHD, start_sshd
+
+CLUSTER = REPO / "scripts" / "cluster"
+sys.path.insert(0, str(CLUSTER))
+COVIDXRAY = str(VENV_BIN / "covidxray")
+HOROVODRUN = str(VENV_BIN / "horovodrun")
+PYTHON = str(VENV_BIN / "python")
+
+pytestmark = pytest.mark.skipif(not have_horovod(), reason="horovod is not installed in this venv")
+needs_sshd = pytest.mark.skipif(not (SSHD and SSH and shutil.which("rsync")), reason="needs openssh-server, openssh-client and rsync (scripts/install.sh installs them)")
+
+
+def script(name: str, *args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    command = ["bash", str(CLUSTER / name)] if name.endswith(".sh") else [PYTHON, str(CLUSTER / name)]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    if not (SSHD and SSH and shutil.which("rsync")):
+        pytest.skip("needs openssh-server, openssh-client and rsync (scripts/install.sh installs them)")
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def hostfile(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cluster") / "hostfile"
+    result = script("make_hostfile.py", *HOSTS, "-o", str(path))
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+@pytest.fixture(scope="module")
+def synced(sshd, hostfile, synthetic_data, tmp_path_factory) -> dict:
+    """rsync the data to a fresh board-side path: first one board alone, then all of them."""
+    remote = tmp_path_factory.mktemp("board") / "data"
+    common = ["--hostfile", str(hostfile), "--data-dir", str(synthetic_data), "--remote-data-dir", str(remote), *sshd.ssh_args()]
+    only = script("sync_shards.py", *common, "--only", HOSTS[1], env=sshd.env())
+    assert only.returncode == 0, only.stdout + only.stderr
+    only_files = sorted(p.name for p in (remote / "shards").iterdir())
+    everyone = script("sync_shards.py", *common, env=sshd.env())
+    assert everyone.returncode == 0, everyone.stdout + everyone.stderr
+    return {"dir": remote, "only_files": only_files, "only_output": only.stdout, "all_output": everyone.stdout}
+
+
+def _manifest_files(data_dir: Path, split: str) -> set[str]:
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    return {s["file"] for s in manifest["shards"] if s["split"] == split and s["records"]}
+
+
+def test_make_hostfile_writes_what_horovod_reads(tmp_path):
+    from nodes import place_ranks, read_hostfile
+
+    boards = tmp_path / "boards.txt"
+    boards.write_text("# rack A\npi01.local\npi02.local:2   # the 8 GB one\n\npi03 slots=3\n")
+    out = tmp_path / "hostfile"
+    result = script("make_hostfile.py", "--from", str(boards), "pi04", "--slots", "1", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == "pi01.local slots=1\npi02.local slots=2\npi03 slots=3\npi04 slots=1\n"
+    assert "-np 7" in result.stderr
+    placed = [(s.hostname, s.rank) for s in place_ranks(read_hostfile(out))]  # Horovod's own parser and placement
+    assert placed == [("pi01.local", 0), ("pi02.local", 1), ("pi02.local", 2), ("pi03", 3), ("pi03", 4), ("pi03", 5), ("pi04", 6)]
+
+    duplicate = script("make_hostfile.py", "pi01", "pi01")
+    assert duplicate.returncode == 2 and "listed twice" in duplicate.stderr and "Traceback" not in duplicate.stderr
+    malformed = script("make_hostfile.py", "pi01 slots=many")
+    assert malformed.returncode == 2 and "pi01 slots=many" in malformed.stderr
+
+
+def test_version_mismatch_and_failed_checks_are_named():
+    from check_nodes import NodeResult, failed_checks, shard_problems, version_mismatches
+
+    from covidxray.doctor import diagnose
+
+    report = diagnose()
+    older = json.loads(json.dumps(report))
+    older["versions"]["tensorflow"] = "2.15.0"
+    older["checks"].append({"name": "gloo controller", "ok": False, "required": True, "detail": "missing"})
+    older["shards"] = {"missing": ["train-00001-of-00002.tfrecord", "test-00000-of-00001.tfrecord"], "sha256_mismatch": []}
+    results = [NodeResult("pi01", report), NodeResult("pi02", report), NodeResult("pi03", older)]
+    assert version_mismatches(results) == [f"tensorflow differs: {report['versions']['tensorflow']} on pi01, pi02; 2.15.0 on pi03"]
+    assert version_mismatches(results[:2]) == []
+    assert failed_checks(older) == ["gloo controller: missing"] and failed_checks(report) == []
+    # only shards this board's ranks read count; a test shard it never reads may be absent
+    needed = ["manifest.json", "shards/train-00001-of-00002.tfrecord", "shards/val-00000-of-00001.tfrecord"]
+    assert shard_problems(older, needed) == ["missing shard train-00001-of-00002.tfrecord"]
+
+
+@needs_sshd
+def test_distribute_keys_installs_once_and_the_key_alone_logs_in(sshd, hostfile, tmp_path):
+    key = tmp_path / "launcher" / "id_ed25519"
+    login_with_new_key = ["ssh", "-p", str(sshd.port), "-o", "IdentitiesOnly=yes", "-i", str(key), HOSTS[0], "true"]
+    keys = ["-i", str(key), "-p", str(sshd.port), "-b", str(sshd.identity), str(hostfile)]  # -b: stands in for the board's password
+
+    first = script("distribute_keys.sh", *keys, env=sshd.env())
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert key.is_file() and f"{HOSTS[0]}: key installed" in first.stdout
+    assert subprocess.run(login_with_new_key, env=sshd.env(), capture_output=True).returncode == 0
+    again = script("distribute_keys.sh", *keys, env=sshd.env())
+    assert again.returncode == 0 and again.stdout.count("key already accepted") == len(HOSTS)
+    assert sshd.authorized_keys.read_text().count(key.with_suffix(".pub").read_text().split()[1]) == 1
+
+    no_way_in = script("distribute_keys.sh", "-i", str(tmp_path / "other"), "-p", str(sshd.port), str(hostfile), env=sshd.env())
+    assert no_way_in.returncode == 1 and f"{len(HOSTS)} board(s) without the key" in no_way_in.stderr
+
+
+@needs_sshd
+def test_sync_shards_copies_each_board_only_its_ranks_shards(synced, synthetic_data, sshd, hostfile):
+    only = synced["only_files"]
+    train = _manifest_files(synthetic_data, "train")
+    only_train = {f for f in only if f.startswith("train-")}
+    assert only_train and only_train < train  # a strict subset: the other board's shards were not copied
+    assert _manifest_files(synthetic_data, "val") <= set(only)  # every rank validates on all val shards
+    assert not any(f.startswith("test-") for f in os.listdir(synced["dir"] / "shards"))  # nobody trains on test
+    rows = {line.split()[0]: line for line in synced["all_output"].splitlines()}
+    assert "0 file(s) copied" in rows[HOSTS[1]]  # the second sync found that board complete
+    assert f"{len(train - only_train)} file(s) copied" in rows[HOSTS[0]]  # and sent the first board just its own shards
+    assert {f for f in os.listdir(synced["dir"] / "shards") if f.startswith("train-")} == train  # two boards x their halves
+    assert sshd.logins()[HOSTS[0]] >= 1 and sshd.logins()[HOSTS[1]] >= 2
+
+    nfs_ok = script("sync_shards.py", "--hostfile", str(hostfile), "--data-dir", str(synthetic_data), "--nfs", str(synced["dir"]), *sshd.ssh_args(), env=sshd.env())
+    assert nfs_ok.returncode == 0 and nfs_ok.stdout.count(" ok") == len(HOSTS), nfs_ok.stdout + nfs_ok.stderr
+    nfs_missing = script("sync_shards.py", "--hostfile", str(hostfile), "--data-dir", str(synthetic_data), "--nfs", "/nonexistent/mount", *sshd.ssh_args(), env=sshd.env())
+    assert nfs_missing.returncode == 1 and nfs_missing.stdout.count("MISSING") == len(HOSTS)
+
+
+@needs_sshd
+def test_check_nodes_runs_doctor_on_every_board_and_names_a_missing_shard(synced, sshd, hostfile, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(synced["dir"], data)
+    args = ["--hostfile", str(hostfile), "--data-dir", str(data), *sshd.ssh_args()]
+    before = sshd.logins()
+    ready = script("check_nodes.py", *args, env=sshd.env())
+    assert ready.returncode == 0, ready.stdout + ready.stderr
+    assert f"all {len(HOSTS)} board(s) ready" in ready.stdout
+    assert all(sshd.logins()[h] > before[h] for h in HOSTS)  # doctor ran over ssh on each
+
+    only_second_board = sorted(f for f in synced["only_files"] if f.startswith("train-"))[0]
+    (data / "shards" / only_second_board).unlink()
+    broken = script("check_nodes.py", *args, env=sshd.env())
+    assert broken.returncode == 1
+    rows = {line.split()[0]: line for line in broken.stdout.splitlines() if line.startswith(HOSTS)}
+    assert rows[HOSTS[0]].endswith("ok") and rows[HOSTS[1]].endswith("FAIL")  # the first board never reads that shard
+    assert f"missing shard {only_second_board}" in broken.stdout
+
+
+@pytest.mark.slow
+@needs_sshd
+def test_static_training_over_ssh_reads_the_synced_shards(synced, sshd, hostfile, tmp_path):
+    run_dir = tmp_path / "run"
+    before = sshd.logins()
+    command = [
+        HOROVODRUN, "--gloo", "-np", "2", "--hostfile", str(hostfile), *sshd.ssh_args(),
+        "--network-interface", "lo", "--disable-cache", "--start-timeout", "120",
+        COVIDXRAY, "train", "--data-dir", str(synced["dir"]), "--run-dir", str(run_dir), "--epochs", "2",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**sshd.env(), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert all(sshd.logins()[h] > before[h] for h in HOSTS), sshd.logins()  # both ranks were started through ssh
+
+    log = json.loads((run_dir / "train_log.json").read_text())
+    assert log["world_size"] == 2 and len(set(log["weights_sha256_per_rank"])) == 1
+    # rank 1 is the second board: it read exactly the shards sync_shards gave that board alone
+    assert log["ranks"][1]["shards"] == [f for f in synced["only_files"] if f.startswith("train-")]
+    assert not set(log["ranks"][0]["shards"]) & set(log["ranks"][1]["shards"])
+    assert [len(e["images_per_s_per_rank"]) for e in log["epochs"]] == [2, 2]  # a slow board shows up per epoch
+    assert all(rate > 0 for e in log["epochs"] for rate in e["images_per_s_per_rank"])
+    assert output.count("slowest rank") == 2
+
+
+def _ancestors(pid: int) -> list[int]:
+    chain = []
+    while pid > 1:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        pid = int(fields[1])
+        chain.append(pid)
+    return chain
+
+
+def _worker_pids(run_dir: Path, host: str) -> list[int]:
+    """Training processes of this run that horovodrun placed on `host` (HOROVOD_HOSTNAME in their env)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if "python" in Path(cmdline[0].decode(errors="replace")).name and str(run_dir).encode() in cmdline and f"HOROVOD_HOSTNAME={host}".encode() in environ:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _epochs_logged(run_dir: Path) -> int:
+    try:
+        return len(json.loads((run_dir / "train_log.json").read_text())["epochs"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.mark.slow
+@needs_sshd
+def test_elastic_training_over_ssh_finishes_when_a_board_dies(synced, sshd, hostfile, tmp_path):
+    """The second board's worker is SIGKILLed after epoch 2; the job re-forms on the first board and finishes."""
+    run_dir, epochs = tmp_path / "run", 5
+    command = [
+        HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2",
+        "--host-discovery-script", str(REPO / "scripts" / "discover_hosts.sh"),  # reads the same hostfile
+        *sshd.ssh_args(), "--network-interface", "lo", "--disable-cache", "--start-timeout", "120",
+        COVIDXRAY, "train", "--elastic", "--data-dir", str(synced["dir"]), "--run-dir", str(run_dir), "--epochs", str(epochs), "--batch-size", "8",
+    ]
+    env = {**sshd.env(), "TF_CPP_MIN_LOG_LEVEL": "2", "COVIDXRAY_HOSTS_FILE": str(hostfile)}
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while _epochs_logged(run_dir) < 2 and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        victims = _worker_pids(run_dir, HOSTS[1])
+        assert job.poll() is None and len(victims) == 1, (victims, job.poll())
+        assert sshd.process.pid in _ancestors(victims[0])  # that worker runs inside an ssh session
+        os.kill(victims[0], signal.SIGKILL)
+        output, _ = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, output[-4000:]
+    log = json.loads((run_dir / "train_log.json").read_text())
+    assert [e["epoch"] for e in log["epochs"]] == list(range(1, epochs + 1))
+    assert log["epochs"][0]["world_size"] == 2 and log["epochs"][-1]["world_size"] == 1
+    assert [len(e["images_per_s_per_rank"]) for e in log["epochs"]] == [e["world_size"] for e in log["epochs"]]
