@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     hosts = read_hostfile(args.hostfile)
     names = [h.hostname for h in hosts]
-    needed = {p.host: p.files for p in plan(Path(args.data_dir), hosts, args.num_proc, args.every_train_shard)} if args.data_dir else {}
+    needed = {p.host: p.files for p in plan(Path(args.data_dir), hosts, args.num_proc, args.every_shard)} if args.data_dir else {}
     ssh, local = ssh_from_args(args), local_hosts(names)
     results = on_every_host(lambda host: doctor_on(ssh, host, args.covidxray, args.data_dir, host in local), names)
 

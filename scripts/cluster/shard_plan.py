@@ -1,8 +1,9 @@
-"""Which files each board needs for a run: manifest.json, every val shard, and its ranks' train shards.
+"""Which files each board needs for a run: manifest.json and the train and val shards of its ranks.
 
 Ranks are placed on hosts by Horovod's own assignment (`nodes.place_ranks`) and
-a rank's train shards come from the trainer's own `assign_shards`, so the plan
-is what the run will read, never a second guess at it.
+a rank's shards come from the trainer's own `assign_shards` (train and val are
+split over ranks the same way), so the plan is what the run will read, never a
+second guess at it.
 """
 
 from __future__ import annotations
@@ -33,28 +34,23 @@ class HostPlan:
     def add(self, relative: list[str]) -> None:
         self.files.extend(f for f in relative if f not in self.files)
 
-    @property
-    def train_shards(self) -> list[str]:
-        return [f for f in self.files if Path(f).name.startswith("train-")]
 
-
-def plan(data_dir: Path, hosts: list[HostInfo], num_proc: int | None = None, every_train_shard: bool = False) -> list[HostPlan]:
+def plan(data_dir: Path, hosts: list[HostInfo], num_proc: int | None = None, every_shard: bool = False) -> list[HostPlan]:
     """One HostPlan per host that gets ranks, in hostfile order."""
     try:
         load_manifest(data_dir)
     except UserError as err:
         raise ClusterError(str(err)) from None
     slots = place_ranks(hosts, num_proc)
-    train = shard_paths(data_dir, "train")
-    common = [MANIFEST] + [f"{SHARDS}/{p.name}" for p in shard_paths(data_dir, "val")]
+    splits = [shard_paths(data_dir, split) for split in ("train", "val")]
     plans = {slot.hostname: HostPlan(slot.hostname) for slot in slots}
     for slot in slots:
-        files = train if every_train_shard else assign_shards(train, slot.rank, slot.size).files
+        files = [f for paths in splits for f in (paths if every_shard else assign_shards(paths, slot.rank, slot.size).files)]
         plans[slot.hostname].ranks.append(slot.rank)
-        plans[slot.hostname].add(common + [f"{SHARDS}/{Path(f).name}" for f in files])
+        plans[slot.hostname].add([MANIFEST] + [f"{SHARDS}/{Path(f).name}" for f in files])
     return list(plans.values())
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--np", type=int, default=None, dest="num_proc", help="Ranks the run will use (default: every slot in the hostfile).")
-    parser.add_argument("--all", action="store_true", dest="every_train_shard", help="Every train shard on every board (elastic runs re-number ranks).")
+    parser.add_argument("--all", action="store_true", dest="every_shard", help="Every train and val shard on every board (elastic runs re-number ranks).")

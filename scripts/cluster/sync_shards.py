@@ -2,11 +2,10 @@
 """Give every board the shards its ranks will read, and nothing else.
 
 A Pi's SD card is small and copying a full data set 35 times is slow, so each
-host gets manifest.json, the val shards (every rank validates on all of them)
-and only the train shards its ranks read. Which train shards a rank reads comes
-from the trainer's own `assign_shards`, and which ranks land on which host from
-Horovod's own placement, so the copy matches the run exactly. Elastic runs
-re-number ranks when boards come and go, so `--all` copies every train shard.
+host gets manifest.json and only the train and val shards its ranks read
+(see shard_plan.py: the trainer's own `assign_shards` and Horovod's own rank
+placement), so the copy matches the run exactly. Elastic runs re-number ranks
+when boards come and go, so `--all` copies every shard.
 `--nfs PATH` copies nothing: it checks that every board sees the data at PATH.
 
     sync_shards.py --hostfile hostfile --data-dir /data/covid            # rsync to the same path on every board
@@ -69,7 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     data_dir = args.data_dir.resolve()
-    plans = plan(data_dir, read_hostfile(args.hostfile), args.num_proc, args.every_train_shard)
+    plans = plan(data_dir, read_hostfile(args.hostfile), args.num_proc, args.every_shard)
     if args.only:
         unknown = set(args.only) - {p.host for p in plans}
         if unknown:
@@ -100,9 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
     failures = 0
     for host_plan, note, problems in on_every_host(sync_one, plans):
-        train_count = len(host_plan.train_shards)
         status = "ok" if not problems else "MISSING"
-        print(f"{host_plan.host:20s} ranks {','.join(map(str, host_plan.ranks)):8s} {train_count:4d} train shards  {note:32s} {status}")
+        print(f"{host_plan.host:20s} ranks {','.join(map(str, host_plan.ranks)):8s} {len(host_plan.files) - 1:4d} shards  {note:32s} {status}")
         for problem in problems:
             print(f"    {problem}")
         failures += bool(problems)
