@@ -88,6 +88,10 @@ def test_make_hostfile_writes_what_horovod_reads(tmp_path):
     assert duplicate.returncode == 2 and "listed twice" in duplicate.stderr and "Traceback" not in duplicate.stderr
     malformed = script("make_hostfile.py", "pi01 slots=many")
     assert malformed.returncode == 2 and "pi01 slots=many" in malformed.stderr
+    from nodes import ClusterError
+
+    with pytest.raises(ClusterError, match="make_hostfile"):
+        read_hostfile(boards)  # the friendly list is not a hostfile: Horovod's reader would choke on it
 
 
 def test_version_mismatch_and_failed_checks_are_named():
@@ -165,6 +169,11 @@ def test_check_nodes_runs_doctor_on_every_board_and_names_a_missing_shard(synced
     rows = {line.split()[0]: line for line in broken.stdout.splitlines() if line.startswith(HOSTS)}
     assert rows[HOSTS[0]].endswith("ok") and rows[HOSTS[1]].endswith("FAIL")  # the first board never reads that shard
     assert f"missing shard {only_second_board}" in broken.stdout
+
+    unreachable = tmp_path / "hostfile"
+    unreachable.write_text(f"{HOSTS[0]} slots=1\n127.0.0.4 slots=1\n")  # nothing listens there
+    down = script("check_nodes.py", "--hostfile", str(unreachable), *sshd.ssh_args(), env=sshd.env())
+    assert down.returncode == 1 and "127.0.0.4" in down.stdout and "no doctor report" in down.stdout
 
 
 @pytest.mark.slow
