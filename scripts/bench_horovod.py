@@ -13,7 +13,7 @@ thread pools from the cores it may use, so -np 1 is one rank on one core and
 speed-up is what a second board would add. `--no-pin` compares the whole
 machine as one rank (2 threads) against two ranks of 1 thread.
 
-Ceiling: before each pair of runs, the same dense float32 compute runs in 1
+Ceiling: before each run, the same dense float32 compute runs in 1
 and then 2 processes pinned one per core; their speed-up is the most any
 2-process job could get from this machine at that time (other jobs, vCPUs
 sharing a physical core). The training speed-up is reported against it.
@@ -66,7 +66,7 @@ def main() -> None:
     bench.parser.add_argument("--batch-size", type=int, default=32, help="per rank (default: %(default)s)")
     bench.parser.add_argument("--patients", type=int, default=400, help="phantom patients (~2 images each; default: %(default)s)")
     bench.parser.add_argument("--allreduce-steps", type=int, default=20, help="timed allreduce calls (default: %(default)s)")
-    bench.parser.add_argument("--ceiling-seconds", type=float, default=3.0, help="per phase of the 2-process ceiling probe run before each pair (default: %(default)s)")
+    bench.parser.add_argument("--ceiling-seconds", type=float, default=3.0, help="per phase of the 2-process ceiling probe run before each training run (default: %(default)s)")
     bench.parser.add_argument("--pin", action="store_true", default=True, help="one core per rank (default)")
     bench.parser.add_argument("--no-pin", dest="pin", action="store_false", help="let the ranks share all cores")
     args = bench.parse({"cases": "small_cnn@32", "epochs": 2, "patients": 40, "batch_size": 16, "allreduce_steps": 3, "ceiling_seconds": 0.3})
@@ -80,8 +80,8 @@ def main() -> None:
         rates: dict[int, list[float]] = {1: [], 2: []}
         ceilings = []
         for repeat in range(args.repeats):
-            ceilings.append(_bench.parallel_ceiling(2, args.ceiling_seconds))
             for ranks in ((1, 2) if repeat % 2 == 0 else (2, 1)):  # alternate the order: load drifts hit both alike
+                ceilings.append(_bench.parallel_ceiling(2, args.ceiling_seconds))
                 rates[ranks] += train_rates(ranks, data, args.workdir / f"horovod-run-{model}-{size}-np{ranks}", model, args)
         probe = allreduce_probe(model, size, len(manifest["labels"]), args)
 
