@@ -100,7 +100,9 @@ class Bench:
 
 
 def command_line() -> str:
-    return shlex.join([Path(sys.executable).name if Path(sys.executable).parent == VENV_BIN else sys.executable, *sys.argv])
+    """The command as typed from the current folder, e.g. `.venv/bin/python scripts/bench_input.py --quick`."""
+    python = os.path.relpath(sys.executable)
+    return shlex.join([sys.executable if python.startswith("..") else python, *sys.argv])
 
 
 def environment() -> dict:
