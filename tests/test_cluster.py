@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, VENV_BIN, have_horovod
+from kill_worker import run_killing_one_worker
 from sshd import HOSTS, SSH, SSHD, start_sshd
 
 CLUSTER = REPO / "scripts" / "cluster"
@@ -210,27 +209,6 @@ def _ancestors(pid: int) -> list[int]:
     return chain
 
 
-def _worker_pids(run_dir: Path, host: str) -> list[int]:
-    """Training processes of this run that horovodrun placed on `host` (HOROVOD_HOSTNAME in their env)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError):
-            continue
-        if "python" in Path(cmdline[0].decode(errors="replace")).name and str(run_dir).encode() in cmdline and f"HOROVOD_HOSTNAME={host}".encode() in environ:
-            pids.append(int(proc.name))
-    return pids
-
-
-def _epochs_logged(run_dir: Path) -> int:
-    try:
-        return len(json.loads((run_dir / "train_log.json").read_text())["epochs"])
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 @pytest.mark.slow
 @needs_sshd
 def test_elastic_training_over_ssh_finishes_when_a_board_dies(synced, sshd, hostfile, tmp_path):
@@ -243,21 +221,12 @@ def test_elastic_training_over_ssh_finishes_when_a_board_dies(synced, sshd, host
         COVIDXRAY, "train", "--elastic", "--data-dir", str(synced["dir"]), "--run-dir", str(run_dir), "--epochs", str(epochs), "--batch-size", "8",
     ]
     env = {**sshd.env(), "TF_CPP_MIN_LOG_LEVEL": "2", "COVIDXRAY_HOSTS_FILE": str(hostfile)}
-    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while _epochs_logged(run_dir) < 2 and job.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        victims = _worker_pids(run_dir, HOSTS[1])
-        assert job.poll() is None and len(victims) == 1, (victims, job.poll())
-        assert sshd.process.pid in _ancestors(victims[0])  # that worker runs inside an ssh session
-        os.kill(victims[0], signal.SIGKILL)
-        output, _ = job.communicate(timeout=600)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    assert job.returncode == 0, output[-4000:]
+
+    def runs_inside_ssh(pid: int) -> None:
+        assert sshd.process.pid in _ancestors(pid)  # that worker runs inside an ssh session
+
+    returncode, output = run_killing_one_worker(command, env, run_dir, f"HOROVOD_HOSTNAME={HOSTS[1]}", check_victim=runs_inside_ssh)
+    assert returncode == 0, output[-4000:]
     log = json.loads((run_dir / "train_log.json").read_text())
     assert [e["epoch"] for e in log["epochs"]] == list(range(1, epochs + 1))
     assert log["epochs"][0]["world_size"] == 2 and log["epochs"][-1]["world_size"] == 1

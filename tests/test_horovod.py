@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, VENV_BIN, have_horovod, run_cli
+from kill_worker import run_killing_one_worker
 
 pytestmark = pytest.mark.skipif(not have_horovod(), reason="horovod is not installed in this venv")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -76,30 +75,6 @@ def test_mpi_two_ranks_agree(synthetic_data, tmp_path, launcher):
     assert shards[0] and shards[1] and not shards[0] & shards[1]
 
 
-def _worker_pids(run_dir: Path, rank: int) -> list[int]:
-    """This job's training processes (not their shells) running as `rank`."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"python" in Path(cmdline[0].decode(errors="replace")).name.encode() and str(run_dir).encode() in cmdline \
-                and f"HOROVOD_RANK={rank}".encode() in environ:
-            pids.append(int(proc.name))
-    return pids
-
-
-def _epochs_logged(run_dir: Path) -> int:
-    try:
-        return len(_log(run_dir)["epochs"])
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 @pytest.mark.slow
 def test_elastic_job_survives_a_killed_worker(synthetic_data, tmp_path):
     """Two 'hosts' (localhost and 127.0.0.1 are both local to horovodrun, so no ssh); kill rank 0 mid-training.
@@ -114,20 +89,8 @@ def test_elastic_job_survives_a_killed_worker(synthetic_data, tmp_path):
         "--host-discovery-script", str(REPO / "scripts" / "discover_hosts.sh"),
         COVIDXRAY, *_train_args(synthetic_data, run_dir, epochs, "--elastic", "--batch-size", "8"),
     ]
-    job = subprocess.Popen(command, env={**ENV, "COVIDXRAY_HOSTS_FILE": str(hosts_file)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while _epochs_logged(run_dir) < 2 and job.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        victims = _worker_pids(run_dir, rank=0)
-        assert job.poll() is None and len(victims) == 1, (victims, job.poll())
-        os.kill(victims[0], signal.SIGKILL)
-        output, _ = job.communicate(timeout=600)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    assert job.returncode == 0, output[-4000:]
+    returncode, output = run_killing_one_worker(command, {**ENV, "COVIDXRAY_HOSTS_FILE": str(hosts_file)}, run_dir, "HOROVOD_RANK=0")
+    assert returncode == 0, output[-4000:]
     log = _log(run_dir)
     assert [e["epoch"] for e in log["epochs"]] == list(range(1, epochs + 1))
     sizes = [e["world_size"] for e in log["epochs"]]

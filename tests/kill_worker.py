@@ -1,0 +1,57 @@
+"""Shared by the elastic tests: start a horovodrun job, SIGKILL one worker mid-training, let it finish."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+
+def training_pids(run_dir: Path, env_entry: str) -> list[int]:
+    """This run's training processes (not their shells) whose environment holds `env_entry`, e.g. HOROVOD_RANK=0."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if "python" in Path(cmdline[0].decode(errors="replace")).name and str(run_dir).encode() in cmdline \
+                and env_entry.encode() in environ:
+            pids.append(int(proc.name))
+    return pids
+
+
+def epochs_logged(run_dir: Path) -> int:
+    try:
+        return len(json.loads((run_dir / "train_log.json").read_text())["epochs"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def run_killing_one_worker(
+    command: list[str], env: dict, run_dir: Path, victim_env_entry: str,
+    after_epochs: int = 2, check_victim: Callable[[int], None] = lambda pid: None,
+) -> tuple[int, str]:
+    """Run `command`, kill the worker named by `victim_env_entry` once `after_epochs` are logged; (exit code, output)."""
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while epochs_logged(run_dir) < after_epochs and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        victims = training_pids(run_dir, victim_env_entry)
+        assert job.poll() is None and len(victims) == 1, (victims, job.poll())
+        check_victim(victims[0])
+        os.kill(victims[0], signal.SIGKILL)
+        output, _ = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    return job.returncode, output
