@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, have_horovod
 
 RESULT_KEYS = {
-    "prepare": {"images", "prepare_over_floor_1w", "prepare_over_floor_2w", "prepare_scaling_1_to_2", "floor_scaling_1_to_2"},
+    "prepare": {"images", "prepare_over_floor_1w", "prepare_over_floor_2w", "prepare_scaling_1_to_2", "floor_scaling_1_to_2", "machine_ceiling"},
     "input": {"batch_size", "records_per_s", "ratios"},
     "horovod": {"pinned", "cases"},
     "predict": {"latency_s", "bytes", "predict_process"},

@@ -192,6 +192,7 @@ def test_static_training_over_ssh_reads_the_synced_shards(synced, sshd, hostfile
 
     log = json.loads((run_dir / "train_log.json").read_text())
     assert log["world_size"] == 2 and len(set(log["weights_sha256_per_rank"])) == 1
+    assert [r["host"] for r in log["ranks"]] == list(HOSTS)  # named as in the hostfile, so a slow board can be found
     # rank 1 is the second board: it read exactly the shards sync_shards gave that board alone
     assert log["ranks"][1]["shards"] == [f for f in synced["only_files"] if f.startswith("train-")]
     assert not set(log["ranks"][0]["shards"]) & set(log["ranks"][1]["shards"])

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import shutil
+import subprocess
 import sys
 import types
 from collections import Counter
@@ -48,6 +52,27 @@ def test_every_real_source_is_registered_with_a_sound_descriptor():
         for archive in descriptor.archives.values():  # a checksum is 64 hex digits or honestly unknown (None)
             assert archive.sha256 is None or len(archive.sha256) == 64
     assert sorted(p.stem for p in DESCRIPTOR_DIR.glob("*.yaml")) == sorted(REAL_SOURCES)
+
+
+def test_a_non_editable_install_carries_the_descriptors(tmp_path):
+    """`pip install ./covidxray` (as on a Pi) must still know the sources, not only an editable checkout."""
+    repo = Path(__file__).resolve().parents[1]
+    checkout = tmp_path / "checkout"  # built from a copy, so the test writes nothing into the repo
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(repo / "covidxray", checkout / "covidxray", symlinks=True, ignore=skip)
+    shutil.copytree(repo / "datasets", checkout / "datasets")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(repo / name, checkout / name)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(checkout)],
+                   check=True, capture_output=True, cwd=tmp_path)
+    probe = ("import covidxray, json; from covidxray.sources.descriptors import load_descriptor;"
+             f"print(json.dumps([covidxray.__file__] + [load_descriptor(n).homepage for n in {list(REAL_SOURCES)!r}]))")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(target)})
+    imported_from, *homepages = json.loads(out.stdout)
+    assert Path(imported_from).is_relative_to(target)
+    assert homepages == [load_descriptor(n).homepage for n in REAL_SOURCES]
 
 
 @pytest.mark.parametrize("header", ["new", "old"])

@@ -19,7 +19,7 @@ import yaml
 from covidxray.data.labels import HARMONISED_LABELS
 from covidxray.errors import UserError
 
-DESCRIPTOR_DIR = Path(__file__).resolve().parents[2] / "datasets"
+DESCRIPTOR_DIR = Path(__file__).resolve().parents[1] / "datasets"  # symlink to the top-level datasets/ in a checkout
 UNKNOWN = "unknown"
 DEFAULT_DEDUP_PRIORITY = 100  # sources without a descriptor (e.g. synthetic) lose ties to described ones
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -129,7 +129,7 @@ def parse_descriptor(name: str, raw: dict) -> Descriptor:
 def load_descriptor(name: str) -> Descriptor:
     path = DESCRIPTOR_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise UserError(f"no descriptor {path} for source {name!r}: covidxray needs its datasets/ folder (use an editable install, `pip install -e .`)")
+        raise UserError(f"no descriptor {path} for source {name!r}: the installed covidxray lacks its datasets/ descriptors; reinstall it from a full checkout")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:

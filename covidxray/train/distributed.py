@@ -93,7 +93,8 @@ class World:
 
     @property
     def hostname(self) -> str:
-        return socket.gethostname()
+        """The host as named in horovodrun's -H/hostfile (what the user can act on), else the machine's name."""
+        return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
 
     @property
     def cores_per_rank(self) -> int:
