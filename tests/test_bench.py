@@ -19,7 +19,7 @@ RESULT_KEYS = {
     "prepare": {"images", "prepare_over_floor_1w", "prepare_over_floor_2w", "prepare_scaling_1_to_2", "floor_scaling_1_to_2", "machine_ceiling"},
     "input": {"batch_size", "records_per_s", "ratios"},
     "horovod": {"pinned", "cases"},
-    "predict": {"latency_s", "bytes", "predict_process"},
+    "predict": {"latency_s", "bytes", "tensor_bytes", "predict_process"},
 }
 
 
@@ -64,6 +64,11 @@ def test_bench_predict_quick(tmp_path):
     check_report(report, "predict")
     results = report["results"]
     assert set(results["bytes"]) == {"keras", "float32", "int8"}
+    held = results["tensor_bytes"]
+    assert all(sum(held[fmt].values()) < results["bytes"][fmt] for fmt in held)
+    # every float32 weight became one int8 byte; biases (int32) make up the rest of the float32 constants
+    assert 0.9 < held["int8"]["int8"] * 4 / held["float32"]["float32"] <= 1
+    assert held["int8"]["quantization"] > 0 == held["float32"]["quantization"]
     assert all(m["predicted"] == m["images"] for m in results["predict_process"].values())
 
 
