@@ -15,7 +15,6 @@ starts a fresh cache; deleting `cache/` is always safe (it costs one decode).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import hashlib
 import json
 import multiprocessing
@@ -62,7 +61,7 @@ def keep_freed_buffers() -> bool:
     and unmaps fresh memory; reusing it decodes ~15% faster (scripts/bench_prepare.py).
     Memory already freed is kept up to 64 MB. False where libc has no mallopt (not glibc).
     """
-    mallopt = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "mallopt", None)
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # libc is already loaded: no library search (a subprocess)
     return bool(mallopt and mallopt(_M_MMAP_THRESHOLD, 32 << 20) and mallopt(_M_TRIM_THRESHOLD, 64 << 20))
 
 
