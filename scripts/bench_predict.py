@@ -170,7 +170,7 @@ def main() -> None:
                 [[name, _bench.mib(b), f"{b / sizes['float32']:.4f}"] for name, b in sizes.items()])
     kinds = sorted({k for c in contents.values() for k in c if k != "quantization"}) + ["quantization"]
     bench.table("what the .tflite files hold, bytes (constant tensors by type; quantization = scales + zero points; rest = graph and padding)",
-                ["file", *kinds, "rest", "file"],
+                ["file", *kinds, "rest", "total"],
                 [[fmt, *(c.get(k, 0) for k in kinds), sizes[fmt] - sum(c.values()), sizes[fmt]] for fmt, c in contents.items()])
     bench.table(f"`covidxray predict` on {len(images)} {args.image_px} px images", ["model", "peak RSS MiB", "wall s", "TensorFlow imported", "modules imported"],
                 [[fmt, m["peak_rss_mib"], m["wall_s"], m["tensorflow_imported"], m["modules_imported"]] for fmt, m in memory.items()])

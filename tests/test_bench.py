@@ -68,7 +68,8 @@ def test_bench_predict_quick(tmp_path):
     assert all(sum(held[fmt].values()) < results["bytes"][fmt] for fmt in held)
     # every float32 weight became one int8 byte; biases (int32) make up the rest of the float32 constants
     assert 0.9 < held["int8"]["int8"] * 4 / held["float32"]["float32"] <= 1
-    assert held["int8"]["quantization"] > 0 == held["float32"]["quantization"]
+    assert held["int8"]["quantization"] > 0
+    assert held["float32"]["quantization"] == 0
     assert all(m["predicted"] == m["images"] for m in results["predict_process"].values())
 
 
