@@ -48,15 +48,22 @@ def run(action: Callable[[], Any]) -> Any:
         raise typer.Exit(130) from None
 
 
-def parse_sources(specs: List[str], from_path: Optional[str] = None) -> dict[str, dict[str, Any]]:
-    """`--source a --source b=PATH` -> {a: {}, b: {from_path: PATH}}; `--from` goes with a single source."""
+def parse_sources(specs: List[str], from_path: Optional[str] = None, configured: Optional[dict[str, dict[str, Any]]] = None) -> dict[str, dict[str, Any]]:
+    """`--source a --source b=PATH` -> {a: {...}, b: {..., from_path: PATH}}; `--from` goes with a single source.
+
+    A source's options from the config file and --set (e.g. kermany's `part`) are kept; the path given
+    here only adds `from_path`.
+    """
     if from_path and len(specs) != 1:
         raise UserError("--from goes with exactly one --source; with several, write --source NAME=PATH for each")
+    configured = configured or {}
     sources: dict[str, dict[str, Any]] = {}
     for spec in specs:
         name, _, path = spec.partition("=")
-        path = path or from_path or ""
-        sources[name.strip()] = {"from_path": path} if path else {}
+        name, path = name.strip(), path or from_path or ""
+        if name in sources:
+            raise UserError(f"--source {name} is given twice; a source is read from one place (to merge two copies, prepare them as one folder)")
+        sources[name] = {**configured.get(name, {}), **({"from_path": path} if path else {})}
     return sources
 
 
@@ -79,7 +86,7 @@ def prepare(
 
         cfg = resolve(config, sets, data__data_dir=data_dir, data__task=task, data__image_size=image_size, data__workers=workers)
         if source:
-            cfg.data.sources = parse_sources(source, from_path)
+            cfg.data.sources = parse_sources(source, from_path, cfg.data.sources)
         elif from_path:
             raise UserError("--from needs the --source it belongs to, e.g. --source covid19-talo --from ./COVID-19-master.zip")
 

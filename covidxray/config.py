@@ -22,6 +22,28 @@ class ConfigError(UserError):
     """A configuration the user wrote that cannot be used; the message says where and why."""
 
 
+def setting(default: Any = dataclasses.MISSING, *, low: float | None = None, high: float | None = None,
+            above: float | None = None, choices: tuple | None = None, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A config field with its allowed values, checked wherever a config is loaded.
+
+    `low`/`high` are inclusive bounds, `above` an exclusive lower bound (a
+    learning rate must be > 0), `choices` the only values allowed.
+    """
+    limits = {"low": low, "high": high, "above": above, "choices": choices}
+    return field(default=default, default_factory=default_factory, metadata={"limits": limits})
+
+
+def _check_limits(value: Any, limits: dict[str, Any], where: str) -> None:
+    if limits["choices"] is not None and value not in limits["choices"]:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(str, limits['choices']))}")
+    if limits["low"] is not None and value < limits["low"]:
+        raise ConfigError(f"{where}: {value!r} is below the minimum {limits['low']}")
+    if limits["high"] is not None and value > limits["high"]:
+        raise ConfigError(f"{where}: {value!r} is above the maximum {limits['high']}")
+    if limits["above"] is not None and value <= limits["above"]:
+        raise ConfigError(f"{where}: {value!r} must be greater than {limits['above']}")
+
+
 @dataclass
 class DataConfig:
     # Source name -> that source's options (see `covidxray sources`); `from_path` points at
@@ -29,14 +51,14 @@ class DataConfig:
     sources: dict[str, dict[str, Any]] = field(default_factory=lambda: {"synthetic": {}})
     data_dir: str = "data/prepared"  # shards + manifest.json; one folder per prepared data set
     task: str = "chest3"
-    image_size: int = 128
-    val_fraction: float = 0.15
-    test_fraction: float = 0.15
-    records_per_shard: int = 256
-    workers: int = 0  # 0: one per core
+    image_size: int = setting(128, low=16, high=2048)
+    val_fraction: float = setting(0.15, low=0.0, high=0.9)
+    test_fraction: float = setting(0.15, low=0.0, high=0.9)
+    records_per_shard: int = setting(256, low=1)
+    workers: int = setting(0, low=0)  # 0: one per core
     # Perceptual (256-bit hash) Hamming distance counted as a duplicate; -1: exact duplicates only.
-    dedup_max_distance: int = 12
-    seed: int = 0
+    dedup_max_distance: int = setting(12, low=-1, high=32)
+    seed: int = setting(0, low=0, high=2**31 - 1)
 
 
 @dataclass
@@ -44,23 +66,23 @@ class TrainConfig:
     model: str = "small_cnn"
     weights: str = ""  # optional local weights file for the Keras applications
     run_dir: str = "runs/default"
-    epochs: int = 10
-    batch_size: int = 32  # per rank
-    learning_rate: float = 1e-3  # for one rank; scaled by the number of ranks
-    warmup_epochs: int = 1
+    epochs: int = setting(10, low=1)
+    batch_size: int = setting(32, low=1)  # per rank
+    learning_rate: float = setting(1e-3, above=0.0, high=10.0)  # for one rank; scaled by the number of ranks
+    warmup_epochs: int = setting(1, low=0)
     augment: bool = True
     class_weights: bool = True
-    shuffle_buffer: int = 512
-    early_stopping_patience: int = 0  # epochs without val AUC gain; 0 disables
+    shuffle_buffer: int = setting(512, low=1)
+    early_stopping_patience: int = setting(0, low=0)  # epochs without val AUC gain; 0 disables
     elastic: bool = False  # launched by horovodrun --min-np/--max-np/--host-discovery-script
-    seed: int = 0
+    seed: int = setting(0, low=0, high=2**31 - 1)
 
 
 @dataclass
 class ExportConfig:
     formats: list[str] = field(default_factory=lambda: ["float32"])
-    int8_min_agreement: float = 0.98
-    representative_samples: int = 200
+    int8_min_agreement: float = setting(0.98, low=0.0, high=1.0)
+    representative_samples: int = setting(200, low=1)
 
 
 @dataclass
@@ -128,6 +150,10 @@ def from_dict(cls: type, values: dict[str, Any], where: str = "config") -> Any:
             f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
         )
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    for spec in dataclasses.fields(cls):
+        limits = spec.metadata.get("limits")
+        if limits and spec.name in kwargs:
+            _check_limits(kwargs[spec.name], limits, f"{where}.{spec.name}")
     return cls(**kwargs)
 
 
@@ -173,5 +199,11 @@ def load_config(
     for override in overrides or []:
         values = _merge(values, override)
     where = str(path) if path else "config"
-    return from_dict(Config, values, where)
+    config = from_dict(Config, values, where)
+    if config.data.val_fraction + config.data.test_fraction >= 1:
+        raise ConfigError(
+            f"{where}.data: val_fraction ({config.data.val_fraction}) + test_fraction ({config.data.test_fraction}) "
+            "must be below 1, or nothing is left to train on"
+        )
+    return config
 

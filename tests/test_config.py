@@ -46,3 +46,44 @@ def test_cli_reports_missing_data_without_traceback(tmp_path):
     result = run_cli("train", "--data-dir", str(tmp_path / "nowhere"))
     assert result.returncode == 2
     assert "run `covidxray prepare` first" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.epochs=0", "train.epochs: 0 is below the minimum 1"),
+        ("train.epochs=-1", "train.epochs: -1 is below the minimum 1"),
+        ("train.learning_rate=-0.001", "train.learning_rate: -0.001 must be greater than 0"),
+        ("train.batch_size=0", "train.batch_size: 0 is below the minimum 1"),
+        ("data.records_per_shard=0", "data.records_per_shard: 0 is below the minimum 1"),
+        ("data.seed=-1", "data.seed: -1 is below the minimum 0"),
+        ("train.seed=-1", "train.seed: -1 is below the minimum 0"),
+        ("data.image_size=0", "data.image_size: 0 is below the minimum 16"),
+        ("export.int8_min_agreement=1.5", "export.int8_min_agreement: 1.5 is above the maximum 1"),
+    ],
+)
+def test_out_of_range_values_are_rejected_with_the_key(override, message):
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, [parse_override(override)])
+    assert message in str(caught.value)
+
+
+def test_fractions_must_leave_a_training_split():
+    with pytest.raises(ConfigError, match=r"val_fraction \(0.5\) \+ test_fraction \(0.5\) must be below 1"):
+        load_config(None, [parse_override("data.val_fraction=0.5"), parse_override("data.test_fraction=0.5")])
+
+
+def test_cli_rejects_a_zero_epoch_run_by_name(tmp_path):
+    result = run_cli("train", "--set", "train.epochs=0", "--data-dir", str(tmp_path))
+    assert result.returncode == 2 and "train.epochs: 0 is below the minimum 1" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_source_given_twice_is_an_error_and_config_options_survive_a_path():
+    from covidxray.cli import parse_sources
+    from covidxray.errors import UserError
+
+    with pytest.raises(UserError, match="--source covid19-talo is given twice"):
+        parse_sources(["covid19-talo=/a", "covid19-talo=/b"])
+    configured = {"kermany": {"part": "oct"}, "synthetic": {}}
+    assert parse_sources(["kermany=/data/oct"], configured=configured) == {"kermany": {"part": "oct", "from_path": "/data/oct"}}
