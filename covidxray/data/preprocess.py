@@ -9,6 +9,7 @@ to 0..1 happens inside the model.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import cv2
@@ -20,7 +21,7 @@ PREPROCESSING = {
     "decode": (
         "grayscale; DICOM: modality LUT (rescale slope/intercept), then VOI LUT sequence scaled from its "
         "output range, else the first window (DICOM linear/sigmoid formula) to 0..255, else min-max; "
-        "MONOCHROME1 inverted; other 16-bit images min-max scaled to 8-bit"
+        "MONOCHROME1 or Presentation LUT Shape INVERSE inverted once; other 16-bit images min-max scaled to 8-bit"
     ),
     "resize": "cv2.INTER_AREA to size x size (aspect not kept)",
     "input": "float32 gray values 0..255, shape (size, size, 1); the model rescales",
@@ -56,10 +57,29 @@ def is_dicom(path: Path) -> bool:
         return True
     try:
         with open(path, "rb") as handle:
-            handle.seek(128)
-            return handle.read(4) == b"DICM"
+            head = handle.read(132)
     except OSError:
         return False
+    return head[128:132] == b"DICM" or _starts_like_bare_dataset(head)
+
+
+def _starts_like_bare_dataset(head: bytes) -> bool:
+    """Whether a file begins like a DICOM data set written without preamble and file meta header.
+
+    Old PACS exports (and PS3.10's predecessor, ACR-NEMA) start straight with the
+    first element: group 0002 or 0008 (little or big endian), a small element
+    number, then an explicit VR (two capital letters) or a 4-byte implicit length.
+    No PNG/JPEG/BMP/TIFF signature starts that way; `_load_dicom` still checks
+    that what follows parses into an image data set.
+    """
+    if len(head) < 8:
+        return False
+    for order in ("little", "big"):
+        group, element = int.from_bytes(head[0:2], order), int.from_bytes(head[2:4], order)
+        if group in (0x0002, 0x0008) and element < 0x0100:
+            explicit_vr = head[4:6].isalpha() and head[4:6].isupper()
+            return explicit_vr or int.from_bytes(head[4:8], order) < 0x10000
+    return False
 
 
 def _scale_to_uint8(values: np.ndarray, low: float, high: float) -> np.ndarray:
@@ -130,6 +150,24 @@ def voi_lut_to_uint8(values: np.ndarray, item, dataset) -> np.ndarray:
     return _scale_to_uint8(table[index], float(table.min()), float(table.max()))
 
 
+def _decode_failure(dataset, path: Path | str, err: Exception) -> ImageError:
+    """'unsupported' when no installed plugin decodes the transfer syntax, else 'unreadable' (bad data)."""
+    from pydicom.pixels import get_decoder
+
+    syntax = dataset.file_meta.get("TransferSyntaxUID") if hasattr(dataset, "file_meta") else None
+    if syntax is not None:
+        try:
+            available = get_decoder(syntax).is_available
+        except NotImplementedError:  # a transfer syntax pydicom has no decoder for at all
+            available = False
+        if not available:
+            return ImageError(
+                "unsupported", path, f"no DICOM pixel decoder installed for {syntax.name} ({syntax}); "
+                "install covidxray's pylibjpeg dependencies (pip install pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg pylibjpeg-rle)",
+            )
+    return ImageError("unreadable", path, f"cannot decode DICOM pixels ({_one_line(err)})")
+
+
 def dicom_gray(dataset, path: Path | str = "<dataset>") -> np.ndarray:
     """Stored DICOM pixels -> 2-D uint8 display values (modality LUT, VOI, MONOCHROME1 inversion).
 
@@ -146,7 +184,7 @@ def dicom_gray(dataset, path: Path | str = "<dataset>") -> np.ndarray:
     try:
         pixels = dataset.pixel_array
     except Exception as err:  # pydicom raises many types for truncated data or missing codecs
-        raise ImageError("unreadable", path, f"cannot decode DICOM pixels ({_one_line(err)})") from None
+        raise _decode_failure(dataset, path, err) from None
     if pixels.ndim != 2:
         raise ImageError("not-xray", path, f"DICOM pixel array of shape {pixels.shape} is not a single gray image")
     values = apply_modality_lut(pixels, dataset)
@@ -157,7 +195,47 @@ def dicom_gray(dataset, path: Path | str = "<dataset>") -> np.ndarray:
         gray = window_to_uint8(values, *window)
     else:
         gray = _to_uint8(values)
-    return 255 - gray if photometric == "MONOCHROME1" else gray
+    return 255 - gray if displays_inverted(dataset) else gray
+
+
+def displays_inverted(dataset) -> bool:
+    """Whether the lowest value is shown white: MONOCHROME1, or Presentation LUT Shape INVERSE.
+
+    The two are one inversion, not two: DX and mammography require INVERSE exactly
+    when the photometric interpretation is MONOCHROME1 (PS3.3 C.8.11.6), so a
+    MONOCHROME1 + INVERSE radiograph is inverted once, like any MONOCHROME1 one.
+    """
+    photometric = str(dataset.get("PhotometricInterpretation", "MONOCHROME2")).upper()
+    shape = str(dataset.get("PresentationLUTShape", "") or "").upper()
+    return photometric == "MONOCHROME1" or shape == "INVERSE"
+
+
+# What a data set read without file meta header must hold to be taken for a radiograph file
+# rather than bytes that merely start like one (pydicom's force=True parses almost anything).
+_BARE_DATASET_NEEDS = ("Rows", "Columns", "BitsAllocated", "PixelData")
+
+
+def _read_bare_dataset(path: Path):
+    """A data set with no preamble and no file meta header, or ImageError when it is not one."""
+    import pydicom
+    from pydicom.uid import ExplicitVRBigEndian, ExplicitVRLittleEndian, ImplicitVRLittleEndian
+
+    not_dicom = "not a DICOM file (no DICOM preamble and file meta header, and not a bare DICOM image data set)"
+    try:
+        with warnings.catch_warnings():  # junk parsed by force=True warns about made-up charsets and VRs
+            warnings.simplefilter("ignore")
+            dataset = pydicom.dcmread(str(path), force=True)
+        complete = all(name in dataset for name in _BARE_DATASET_NEEDS) and int(dataset.Rows) > 0 and int(dataset.Columns) > 0
+    except Exception:  # force=True on junk fails in many ways (bad lengths, undecodable values)
+        raise ImageError("unreadable", path, not_dicom) from None
+    if not complete:
+        raise ImageError("unreadable", path, not_dicom)
+    if dataset["PixelData"].is_undefined_length:
+        raise ImageError("unsupported", path, "compressed DICOM pixel data without a file meta header: its transfer syntax is unknown")
+    # Native pixels are read with the encoding the elements were found in.
+    syntax = {(True, True): ImplicitVRLittleEndian, (False, True): ExplicitVRLittleEndian, (False, False): ExplicitVRBigEndian}
+    dataset.file_meta.TransferSyntaxUID = syntax.get(tuple(dataset.original_encoding), ImplicitVRLittleEndian)
+    return dataset
 
 
 def _load_dicom(path: Path) -> np.ndarray:
@@ -167,7 +245,7 @@ def _load_dicom(path: Path) -> np.ndarray:
     try:
         dataset = pydicom.dcmread(str(path))
     except InvalidDicomError:
-        raise ImageError("unreadable", path, "not a DICOM file (no DICOM preamble and file meta header)") from None
+        dataset = _read_bare_dataset(path)
     except (OSError, EOFError, ValueError, KeyError) as err:
         raise ImageError("unreadable", path, f"not a readable DICOM file ({_one_line(err)})") from None
     if "PixelData" not in dataset:
