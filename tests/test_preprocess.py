@@ -82,7 +82,10 @@ def test_bundled_mr_window_follows_the_dicom_linear_formula():
     assert len(np.unique(expected)) > 50  # the window really spans the image's values
 
 
-@pytest.mark.parametrize("variant", ["MR_small_bigendian.dcm", "MR_small_implicit.dcm", "MR_small_RLE.dcm", "MR_small_jp2klossless.dcm", "MR_small_padded.dcm"])
+@pytest.mark.parametrize(
+    "variant",
+    ["MR_small_bigendian.dcm", "MR_small_implicit.dcm", "MR_small_RLE.dcm", "MR_small_jp2klossless.dcm", "MR_small_padded.dcm", "MR_small_jpeg_ls_lossless.dcm"],
+)
 def test_every_transfer_syntax_decodes_to_the_same_pixels(variant):
     reference = dicom_gray(pydicom.dcmread(pydicom_file("MR_small.dcm")))
     assert np.array_equal(dicom_gray(pydicom.dcmread(pydicom_file(variant))), reference)
@@ -193,6 +196,161 @@ def test_dicom_without_suffix_is_recognised_by_its_preamble(tmp_path):
     write_dicom(tmp_path / "IM0001.dcm", stored)
     (tmp_path / "IM0001.dcm").rename(tmp_path / "IM0001")
     assert np.array_equal(load_gray(tmp_path / "IM0001"), min_max(stored))
+
+
+@pytest.mark.parametrize("implicit_vr, little_endian", [(True, True), (False, True), (False, False)])
+def test_bare_data_set_without_preamble_or_file_meta_is_read(tmp_path, implicit_vr, little_endian):
+    """Old PACS exports: the data set alone, no 128-byte preamble, no 'DICM', no (0002) group."""
+    stored = np.arange(40 * 48, dtype=np.uint16).reshape(40, 48) * 3
+    ds = pydicom.dcmread(write_dicom(tmp_path / "full.dcm", stored, modality="CR", photometric="MONOCHROME1"))
+    del ds.file_meta
+    ds.preamble = None
+    ds.PixelData = stored.astype("<u2" if little_endian else ">u2").tobytes()  # dcmwrite does not byte-swap pixels
+    pydicom.dcmwrite(tmp_path / "IM0001", ds, implicit_vr=implicit_vr, little_endian=little_endian, enforce_file_format=False)
+    assert (tmp_path / "IM0001").read_bytes()[:2] in (b"\x08\x00", b"\x00\x08")  # really starts with the data set
+    assert np.array_equal(load_gray(tmp_path / "IM0001"), 255 - min_max(stored))
+
+
+@pytest.mark.parametrize("suffix", ["", ".dcm"])
+def test_junk_that_starts_like_a_bare_data_set_is_not_taken_for_dicom(tmp_path, suffix):
+    rng = np.random.default_rng(1)
+    path = tmp_path / f"junk{suffix}"
+    path.write_bytes(b"\x08\x00\x05\x00\x10\x00\x00\x00" + rng.integers(0, 256, 4000, dtype=np.uint8).tobytes())
+    with pytest.raises(ImageError) as caught:
+        load_gray(path)
+    assert caught.value.reason == "unreadable" and "not a DICOM file" in caught.value.detail
+
+
+def test_transfer_syntax_without_any_decoder_is_unsupported(tmp_path):
+    from pydicom.encaps import encapsulate
+
+    path = write_dicom(tmp_path / "mpeg.dcm", np.zeros((32, 32), np.uint8))
+    ds = pydicom.dcmread(path)
+    ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.100"  # MPEG2 video: no pixel decoder exists for it
+    ds.PixelData = encapsulate([b"\x00" * 64])
+    ds["PixelData"].VR = "OB"
+    ds.save_as(str(path))
+    with pytest.raises(ImageError) as caught:
+        load_gray(path)
+    assert caught.value.reason == "unsupported" and "MPEG2" in caught.value.detail
+
+
+# --- real DICOM: ../shared/data/dicom and the pydicom-data originals ---------------------------
+
+# What each shared file is, from its provenance (shared/data/README.md), not from the decoder:
+# a chest radiograph shown the standard way (lungs dark), the MONOCHROME2 pixels retagged
+# MONOCHROME1 (the tag says "invert", so it must show inverted: lungs bright), or a refusal.
+SHARED_DICOM = {
+    "CR-MONO1-10-chest": "lungs dark",  # no preamble, no file meta: a bare implicit-VR data set
+    "CR-MONO1-15bit-j2k-RG1_J2KI.dcm": "lungs dark",
+    "CR-MONO1-15bit-jpegls-RG1_JLSN.dcm": "lungs dark",
+    "CR-MONO2-8bit-rsna.dcm": "lungs dark",
+    "CR-MONO2-8bit-siim.dcm": "lungs dark",
+    "CR-fake-MONO1-retagged-MONO2-pixels.dcm": "lungs bright",
+    "DX-MONO1-12bit-INVERSE-j2k-966_fixed.dcm": "lungs dark",  # MONOCHROME1 + Presentation LUT Shape INVERSE
+    "DX-MONO2-8bit-nhsx.dcm": "lungs dark",
+    "CT-abdomen-not-xray.dcm": ("not-xray", "modality CT"),
+}
+
+
+def mediastinum_minus_lungs(gray: np.ndarray) -> float:
+    """Mean gray of the central mediastinum strip minus that of both mid lung fields.
+
+    A frontal chest radiograph shown the standard way has air-filled lungs dark and the
+    mediastinum/spine bright, so this is clearly positive; shown inverted, clearly negative.
+    Regions in % of the image: rows 30-60, lungs at columns 18-35 and 65-82, mediastinum 45-55.
+    """
+    small = cv2.resize(gray, (100, 100), interpolation=cv2.INTER_AREA).astype(np.float64)
+    lungs = np.concatenate([small[30:60, 18:35].ravel(), small[30:60, 65:82].ravel()])
+    return float(small[30:60, 45:55].mean() - lungs.mean())
+
+
+def test_the_shared_dicom_table_lists_every_file(shared_data):
+    assert sorted(p.name for p in (shared_data / "dicom").iterdir()) == sorted(SHARED_DICOM)
+
+
+@pytest.mark.parametrize("name", sorted(SHARED_DICOM))
+def test_every_shared_dicom_file_decodes_or_is_refused_for_its_reason(shared_data, name):
+    expected = SHARED_DICOM[name]
+    path = shared_data / "dicom" / name
+    if isinstance(expected, tuple):
+        reason, says = expected
+        with pytest.raises(ImageError) as caught:
+            load_gray(path)
+        assert caught.value.reason == reason and says in caught.value.detail
+        return
+    gray = load_gray(path)
+    assert gray.dtype == np.uint8 and min(gray.shape) >= 256 and gray.std() > 20
+    # Lungs differ from the mediastinum by 31..104 gray levels in these files; 20 leaves margin both ways.
+    contrast = mediastinum_minus_lungs(gray)
+    assert contrast > 20 if expected == "lungs dark" else contrast < -20, contrast
+
+
+def test_bare_cr_file_equals_its_raw_pixels_windowed_by_hand(shared_data):
+    """CR-MONO1-10-chest: 440x440 16-bit little-endian stored values are the file's last bytes (PixelData
+    is its last element); window 550/1024 from its header; MONOCHROME1, so inverted."""
+    raw = (shared_data / "dicom" / "CR-MONO1-10-chest").read_bytes()
+    stored = np.frombuffer(raw[-440 * 440 * 2:], "<u2").reshape(440, 440)
+    assert np.array_equal(load_gray(shared_data / "dicom" / "CR-MONO1-10-chest"), 255 - linear_window(stored, 550, 1024))
+
+
+def pydicom_data_file(name: str) -> str:
+    """One of the pydicom-data package's files (the dev extra installs it); skipped without it."""
+    path = get_testdata_file(name, download=False)
+    if path is None:
+        pytest.skip(f"{name}: install the dev extra (pydicom-data)")
+    return path
+
+
+def rg1_original() -> np.ndarray:
+    """RG1 (a 15-bit MONOCHROME1 chest CR) as acquired: UNCR is the uncompressed original of the
+    compression samples, UNCI the published decompression of the irreversible J2KI."""
+    return pydicom.dcmread(pydicom_data_file("RG1_UNCR.dcm")).pixel_array.astype(np.int64)
+
+
+def test_rg1_reversible_jpeg2000_is_pixel_exact():
+    original = rg1_original()
+    lossless = pydicom.dcmread(pydicom_data_file("RG1_J2KR.dcm"))
+    assert np.array_equal(lossless.pixel_array, original)
+    assert np.array_equal(load_gray(pydicom_data_file("RG1_J2KR.dcm")), load_gray(pydicom_data_file("RG1_UNCR.dcm")))
+
+
+def jpeg_ls_near(frame: bytes) -> int:
+    """NEAR of a JPEG-LS scan, read from its SOS header: length, Ns, Ns x (Ci, Tmi), then NEAR."""
+    sos = frame.index(b"\xff\xda")
+    components = frame[sos + 4]
+    return frame[sos + 5 + 2 * components]
+
+
+def test_rg1_near_lossless_jpeg_ls_stays_within_its_near_bound(shared_data):
+    from pydicom.encaps import generate_frames
+
+    original = rg1_original()
+    ds = pydicom.dcmread(shared_data / "dicom" / "CR-MONO1-15bit-jpegls-RG1_JLSN.dcm")
+    near = jpeg_ls_near(next(generate_frames(ds.PixelData, number_of_frames=1)))
+    assert near > 0  # really near-lossless, so the bound below is the codec's promise, not equality
+    assert np.abs(ds.pixel_array.astype(np.int64) - original).max() <= near
+    # Displayed: the 30000-wide window puts ~118 stored values in one gray level, so at most 1 level apart.
+    shown = load_gray(shared_data / "dicom" / "CR-MONO1-15bit-jpegls-RG1_JLSN.dcm").astype(int)
+    assert np.abs(shown - load_gray(pydicom_data_file("RG1_UNCR.dcm"))).max() <= 1
+
+
+def test_rg1_irreversible_jpeg2000_decodes_as_published_and_close_to_the_original(shared_data):
+    ds = pydicom.dcmread(shared_data / "dicom" / "CR-MONO1-15bit-j2k-RG1_J2KI.dcm")
+    assert np.array_equal(ds.pixel_array, pydicom.dcmread(pydicom_data_file("RG1_UNCI.dcm")).pixel_array)
+    error = ds.pixel_array.astype(np.int64) - rg1_original()
+    # Lossy, but the loss stays below one displayed gray level (window width / 255) on average.
+    assert 0 < np.sqrt(np.mean(error.astype(np.float64) ** 2)) < float(ds.WindowWidth) / 255
+
+
+def test_jpeg_lossless_decodes_like_opencv():
+    """Process 14 (JPEG lossless, first-order prediction): OpenCV's libjpeg-turbo is an independent decoder."""
+    from pydicom.encaps import generate_frames
+
+    ds = pydicom.dcmread(pydicom_data_file("JPGLosslessP14SV1_1s_1f_8b.dcm"))
+    frame = next(generate_frames(ds.PixelData, number_of_frames=1))
+    reference = cv2.imdecode(np.frombuffer(frame, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert reference is not None and np.array_equal(ds.pixel_array, reference)
 
 
 # --- rasters ----------------------------------------------------------------------------------
