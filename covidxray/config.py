@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from covidxray.data.labels import HARMONISED_LABELS
 from covidxray.errors import UserError
 
 
@@ -27,13 +28,18 @@ def setting(default: Any = dataclasses.MISSING, *, low: float | None = None, hig
     """A config field with its allowed values, checked wherever a config is loaded.
 
     `low`/`high` are inclusive bounds, `above` an exclusive lower bound (a
-    learning rate must be > 0), `choices` the only values allowed.
+    learning rate must be > 0), `choices` the only values allowed. For a mapping
+    they apply to each value.
     """
     limits = {"low": low, "high": high, "above": above, "choices": choices}
     return field(default=default, default_factory=default_factory, metadata={"limits": limits})
 
 
 def _check_limits(value: Any, limits: dict[str, Any], where: str) -> None:
+    if isinstance(value, dict):  # a mapping's limits apply to each of its values, named by key
+        for key, item in value.items():
+            _check_limits(item, limits, f"{where}.{key}")
+        return
     if limits["choices"] is not None and value not in limits["choices"]:
         raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(str, limits['choices']))}")
     if limits["low"] is not None and value < limits["low"]:
@@ -59,6 +65,9 @@ class DataConfig:
     # Perceptual (256-bit hash) Hamming distance counted as a duplicate; -1: exact duplicates only.
     dedup_max_distance: int = setting(12, low=-1, high=32)
     seed: int = setting(0, low=0, high=2**31 - 1)
+    # Source finding -> harmonised label, for findings the descriptors leave unmapped (prepare lists
+    # them with the exact line to add here) or map differently; wins over every descriptor.
+    label_overrides: dict[str, str] = setting(default_factory=dict, choices=HARMONISED_LABELS)
 
 
 @dataclass

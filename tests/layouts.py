@@ -124,7 +124,9 @@ def build_ieee8023(base: Path, header: str = "new") -> Layout:
     row("7", "Pneumonia/Fungal/Pneumocystis" if new else "Pneumocystis", "PA", "pneumocystis-1.png", expect="pneumonia/fungal")
     row("8", "todo", "PA", "todo-1.jpg", drop="finding not labelled yet (todo/Unknown)")
     row("9", "Unknown", "PA", "unknown-1.jpg", drop="finding not labelled yet (todo/Unknown)")
-    row("10", "ARDS", "PA", "ARDSSevere.png", drop="unknown finding 'ARDS'")
+    row("10", "ARDS", "PA", "ARDSSevere.png", drop="finding 'ARDS' excluded: ARDS alone is a syndrome (sepsis, trauma, bites...), not a pneumonia")
+    row("17", "Atelectasis", "PA", "atelectasis-1.jpg", drop="unknown finding 'Atelectasis'")
+    row("18", "todo", "", "no-view-1.jpg", drop="view unknown (blank, '?' or no view column); source option unknown_view: keep takes it as frontal")
     row("11", "Pneumonia/Viral/COVID-19" if new else "COVID-19", "PA", "listed-but-missing.jpeg", write=False, drop="image file listed in metadata.csv is missing")
     row("12", "Pneumonia/Viral/COVID-19" if new else "COVID-19", "PA", "corrupt-upload.jpeg", expect="covid-19", bad="corrupt")
     row("13", "Pneumonia", "PA", "16745_2_1.PNG", expect="pneumonia")
@@ -136,6 +138,8 @@ def build_ieee8023(base: Path, header: str = "new") -> Layout:
         row("16", "Pneumonia/Viral/COVID-19", "Coronal", "ct-coronal.jpg", modality="CT", drop="modality CT is not X-ray")
     else:
         row("3", "COVID-19", "Axial", "ct-slice-1.jpg", drop="view Axial is not frontal")
+        row("19", "Mycoplasma Bacterial Pneumonia", "PA", "000001.jpg", expect="pneumonia/bacterial")
+        row("20", "Lipoid", "PA", "000001-17.jpg", expect="pneumonia/other")
 
     root.mkdir(parents=True, exist_ok=True)
     buffer = io.StringIO()

@@ -33,6 +33,7 @@ from covidxray.data.split import SPLITS, patients_overlap, split_by_patient
 from covidxray.errors import UserError
 from covidxray.sources import Dropped, Record, build_source
 from covidxray.sources.descriptors import dedup_priority
+from covidxray.sources.unmapped import override_hint
 
 MANIFEST = "manifest.json"
 SPLIT_TABLE = "splits.csv"  # every kept image, its patient and its split: the audit trail of the split
@@ -53,6 +54,7 @@ def collect_records(config: DataConfig, task: Task, cache_dir: Path) -> Collecte
     collected = Collected()
     for name, options in config.sources.items():
         source = build_source(name, options)
+        source.label_overrides = config.label_overrides
         root = source.fetch(cache_dir / name)
         found = 0
         for item in source.records(root):
@@ -172,6 +174,8 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
 
     collected = collect_records(config, task, out / "raw")
     dropped = collected.dropped
+    for line in override_hint(dropped):
+        log(line)
     if not collected.records:
         raise _no_records("records", task, config, dropped)
     with ImageCache(cache_path(out, config.image_size)) as cache:

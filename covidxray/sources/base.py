@@ -64,6 +64,9 @@ class Source:
 
     def __init__(self, options: SourceOptions | None = None):
         self.options = options if options is not None else self.Options()
+        # finding -> harmonised label from the config's data.label_overrides; adapters whose labels come
+        # from a descriptor's label map consult these first.
+        self.label_overrides: dict[str, str] = {}
 
     def fetch(self, cache_dir: Path) -> Path:
         """Return the dataset root on disk, downloading or unpacking into `cache_dir` if needed."""

@@ -1,24 +1,39 @@
 """ieee8023/covid-chestxray-dataset: metadata.csv + images/, one row per image.
 
-The CSV exists in two header generations (the later one ends in a trailing
-comma, so every row has an extra empty field) and mixes X-rays with CT
-slices and CT volumes. Only frontal X-rays are kept; every other row is
-dropped with the reason it was not used.
+The CSV exists in several header generations (the later ones end in a trailing
+comma, so every row has an extra empty field; the earliest have no `view`
+column) and mixes X-rays with CT slices and CT volumes. Only frontal X-rays
+are kept; every other row is dropped with the reason it was not used. A row
+whose view is unknown (blank, '?', or no view column) is dropped unless the
+source option `unknown_view: keep` says to take it as frontal: it may be a
+lateral view or, before the modality column existed, a CT slice.
 """
 
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import ClassVar, Iterator
 
+from covidxray.config import setting
 from covidxray.errors import UserError
-from covidxray.sources.base import Dropped, Record, register_source
-from covidxray.sources.fetch import DescribedSource
+from covidxray.sources.base import Dropped, Record, SourceOptions, register_source
+from covidxray.sources.fetch import DescribedSource, DownloadOptions
+from covidxray.sources.unmapped import unknown_finding
 
 METADATA = "metadata.csv"
-REQUIRED = ("patientid", "finding", "view", "filename")
+REQUIRED = ("patientid", "finding", "filename")  # `view` is missing from the earliest versions
 VOLUME_SUFFIXES = (".nii", ".nii.gz", ".mha", ".nrrd")
+UNKNOWN_VIEWS = ("", "?")
+
+
+@dataclass
+class CovidChestXrayOptions(DownloadOptions):
+    """`unknown_view`: rows whose view is blank, '?' or not recorded at all (no view column): `drop`
+    (default: they may be laterals or CT slices) or `keep` (taken as frontal X-rays)."""
+
+    unknown_view: str = setting("drop", choices=("drop", "keep"))
 
 
 def is_frontal(view: str) -> bool:
@@ -50,6 +65,7 @@ def read_metadata(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
 class CovidChestXraySource(DescribedSource):
     name = "covid-chestxray"
     archive_key = "github-master"
+    Options: ClassVar[type[SourceOptions]] = CovidChestXrayOptions
 
     def is_root(self, folder: Path) -> bool:
         return (folder / METADATA).is_file() and (folder / "images").is_dir()
@@ -67,16 +83,24 @@ class CovidChestXraySource(DescribedSource):
             return Dropped("CT volume (volumes/), not a radiograph", where)
         if modality and modality.casefold() != "x-ray":
             return Dropped(f"modality {modality} is not X-ray", where)
-        if not is_frontal(view):
-            return Dropped(f"view {view or '(blank)'} is not frontal", where)
-        if self.descriptor.is_unlabelled(finding):
-            return Dropped("finding not labelled yet (todo/Unknown)", where, finding)
-        label = self.descriptor.label_for(finding) if finding else None
+        if view in UNKNOWN_VIEWS:
+            if self.options.unknown_view != "keep":
+                return Dropped("view unknown (blank, '?' or no view column); source option unknown_view: keep takes it as frontal", where, view)
+        elif not is_frontal(view):
+            return Dropped(f"view {view} is not frontal", where)
+        if not finding:
+            return Dropped("row without finding", where)
+        descriptor = self.descriptor
+        label = descriptor.label_for(finding)
         if label is None:
-            return Dropped(f"unknown finding {finding or '(blank)'!r}", where)
+            if descriptor.is_unlabelled(finding):
+                return Dropped("finding not labelled yet (todo/Unknown)", where, finding)
+            if (why := descriptor.exclusion(finding)) is not None:
+                return Dropped(f"finding {finding!r} excluded: {why}", where, finding)
+            return unknown_finding(finding, where)
         if not row.get("patientid"):
             return Dropped("row without patientid", where)
         image = root / folder / filename
         if not image.is_file():
             return Dropped("image file listed in metadata.csv is missing", where, str(image))
-        return Record(image=image, label=label, patient_id=f"{self.name}:{row['patientid']}", source=self.name, view=view)
+        return Record(image=image, label=label, patient_id=f"{self.name}:{row['patientid']}", source=self.name, view="unknown" if view in UNKNOWN_VIEWS else view)

@@ -9,6 +9,7 @@ string is a one-line YAML change.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -51,9 +52,15 @@ class Descriptor:
     archives: dict[str, Archive]
     label_map: dict[str, str]  # normalised finding -> harmonised label
     unlabelled: frozenset[str] = field(default_factory=frozenset)  # findings that mean "not labelled yet"
+    excluded: dict[str, str] = field(default_factory=dict)  # normalised finding -> why it is deliberately not used
     layout: str = ""
     citation: str = ""
     kaggle_dataset: str = ""  # owner/slug when the collection is fetched through the Kaggle API
+    overrides: dict[str, str] = field(default_factory=dict)  # normalised finding -> label, from data.label_overrides
+
+    def with_overrides(self, overrides: dict[str, str]) -> Descriptor:
+        """This descriptor with the user's finding -> label mappings, which win over label_map and excluded."""
+        return dataclasses.replace(self, overrides={normalise_finding(f): label for f, label in overrides.items()})
 
     def archive(self, key: str) -> Archive:
         try:
@@ -64,24 +71,35 @@ class Descriptor:
     def is_unlabelled(self, finding: str) -> bool:
         return normalise_finding(finding) in self.unlabelled
 
-    def label_for(self, finding: str) -> str | None:
-        """Harmonised label of a source finding, or None when the map does not know it.
+    def exclusion(self, finding: str) -> str | None:
+        """Why the descriptor deliberately leaves this finding unmapped, or None."""
+        return self.excluded.get(normalise_finding(finding))
 
-        Hierarchical findings fall back to their nearest mapped ancestor
-        ('Pneumonia/Viral/Herpes' -> 'pneumonia/viral'). Old comma lists
-        ('COVID-19, ARDS') take the label their mapped parts agree on.
+    def label_for(self, finding: str) -> str | None:
+        """Harmonised label of a source finding, or None when neither the overrides nor the map know it.
+
+        A finding listed whole wins ('COVID-19, ARDS'). Hierarchical findings fall
+        back to their nearest mapped ancestor ('Pneumonia/Viral/Herpes' ->
+        'pneumonia/viral'). Other comma lists take the label their mapped parts
+        agree on.
         """
+        whole = self._exact(normalise_finding(finding))
+        if whole is not None:
+            return whole
         labels = {label for part in str(finding).split(",") if (label := self._lookup(part)) is not None}
         return labels.pop() if len(labels) == 1 else None
 
     def _lookup(self, finding: str) -> str | None:
         parts = normalise_finding(finding).split("/")
         while parts and parts[0]:
-            label = self.label_map.get("/".join(parts))
+            label = self._exact("/".join(parts))
             if label is not None:
                 return label
             parts.pop()
         return None
+
+    def _exact(self, key: str) -> str | None:
+        return self.overrides.get(key) or self.label_map.get(key)
 
 
 def _archive(name: str, key: str, raw: dict) -> Archive:
@@ -95,7 +113,7 @@ def _archive(name: str, key: str, raw: dict) -> Archive:
     return Archive(key, str(raw["file"]), None if url == UNKNOWN else url, None if sha == UNKNOWN else sha, str(raw.get("note", "")).strip())
 
 
-_KEYS = {"name", "title", "homepage", "licence", "citation", "dedup_priority", "kaggle_dataset", "archives", "label_map", "unlabelled", "layout"}
+_KEYS = {"name", "title", "homepage", "licence", "citation", "dedup_priority", "kaggle_dataset", "archives", "label_map", "unlabelled", "excluded", "layout"}
 
 
 def parse_descriptor(name: str, raw: dict) -> Descriptor:
@@ -110,6 +128,10 @@ def parse_descriptor(name: str, raw: dict) -> Descriptor:
         if label not in HARMONISED_LABELS:
             raise UserError(f"{where}: label_map maps {finding!r} to {label!r}, which is not one of {', '.join(HARMONISED_LABELS)}")
         label_map[normalise_finding(finding)] = label
+    excluded = {normalise_finding(finding): str(why).strip() for finding, why in (raw.get("excluded") or {}).items()}
+    both = sorted(set(excluded) & set(label_map))
+    if both:
+        raise UserError(f"{where}: {', '.join(both)} both mapped in label_map and listed in excluded; keep one")
     return Descriptor(
         name=name,
         title=str(raw.get("title", name)),
@@ -119,6 +141,7 @@ def parse_descriptor(name: str, raw: dict) -> Descriptor:
         archives={key: _archive(name, key, value) for key, value in (raw.get("archives") or {}).items()},
         label_map=label_map,
         unlabelled=frozenset(normalise_finding(f) for f in raw.get("unlabelled") or ()),
+        excluded=excluded,
         layout=str(raw.get("layout", "")).strip(),
         citation=str(raw.get("citation", "")).strip(),
         kaggle_dataset=str(raw.get("kaggle_dataset", "")).strip(),

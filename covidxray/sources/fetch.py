@@ -45,7 +45,8 @@ class DescribedSource(Source):
 
     @property
     def descriptor(self) -> Descriptor:
-        return load_descriptor(self.name)
+        described = load_descriptor(self.name)
+        return described.with_overrides(self.label_overrides) if self.label_overrides else described
 
     def archive(self) -> Archive:
         return self.descriptor.archive(self.archive_key)
