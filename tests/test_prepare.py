@@ -261,3 +261,28 @@ print(default, keep_freed_buffers(), faults_per_decode())
     assert applied == "True"
     assert default > 100  # a 1 MB image is 256 pages
     assert kept < default / 10
+
+
+def test_unmapped_findings_are_listed_with_config_lines_that_map_them(collections, prepared, tmp_path):
+    """Issue 15: the printed YAML and --set lines, with the user's label put in, really map the finding."""
+    import shlex
+
+    import yaml
+
+    from covidxray.config import parse_override
+    from covidxray.data.labels import get_task
+    from covidxray.data.prepare import collect_records
+
+    _, _, lines = prepared
+    assert any(line.split() == ["1", "x", "'Atelectasis'"] for line in lines)  # the fixture's one unknown finding
+    yaml_line = next(line for line in lines if "label_overrides:" in line)
+    set_line = next(line for line in lines if "--set " in line)
+    from_yaml = yaml.safe_load(yaml_line.split("under data:", 1)[1].replace("LABEL", "pneumonia/other"))
+    (argument,) = shlex.split(set_line.split("--set ", 1)[1].replace("LABEL", "pneumonia/other"))
+    from_set = parse_override(argument)
+    assert from_set == {"data": from_yaml} == {"data": {"label_overrides": {"Atelectasis": "pneumonia/other"}}}
+    ieee = {"covid-chestxray": collections["sources"]["covid-chestxray"]}
+    cfg = load_config(None, [{"data": {"sources": ieee}}, from_set])
+    collected = collect_records(cfg.data, get_task("chest3"), tmp_path)
+    assert {r.label for r in collected.records if r.image.name == "atelectasis-1.jpg"} == {"pneumonia/other"}
+    assert not any("Atelectasis" in d.reason for _, d in collected.dropped)

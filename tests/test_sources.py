@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -224,3 +225,104 @@ def test_no_url_known_points_to_the_manual_route(tmp_path):
     no_url = type(archive)(archive.key, archive.file, None, None, "not published")
     with pytest.raises(UserError, match="no download URL.*--from"):
         source.download(no_url, tmp_path)
+
+
+# --- ieee8023 metadata generations, decisions and overrides (issue 15) -------------------------
+
+AUG_2020 = "covid-chestxray-sample/covid-chestxray-dataset"
+EXCLUDED_ARDS = "finding 'ARDS' excluded: ARDS alone is a syndrome (sepsis, trauma, bites...), not a pneumonia"
+UNKNOWN_VIEW = "view unknown (blank, '?' or no view column); source option unknown_view: keep takes it as frontal"
+
+# Derived by hand from the raw columns of the Aug 2020 metadata.csv (finding x view x modality x folder
+# tallies), with the decisions of datasets/covid-chestxray.yaml applied by hand, not by the adapter:
+# - kept: frontal (PA, AP, AP Supine) X-rays in images/ with a mapped finding:
+#   covid-19 = COVID-19 (PA 201 + AP Supine 122 + AP 94) + "COVID-19, ARDS" (PA 11 + AP Supine 1) = 429
+#   pneumonia/viral = SARS (PA 8 + AP 8) + Varicella (PA 3 + AP 1) + Influenza (PA 1) = 21
+#   pneumonia/bacterial = Streptococcus 13 + Klebsiella 7 + E.Coli 4 (AP Supine) + Mycoplasma Bacterial
+#     Pneumonia 4 + Legionella 3 + Bacterial 2 + Chlamydophila 1 (all PA unless said) = 34
+#   pneumonia/fungal = Pneumocystis PA 13; pneumonia/other = Lipoid PA 3
+#   pneumonia = Pneumonia (PA 6 + AP Supine 4) = 10; normal = No Finding (PA 8 + AP Supine 3 + AP 2) = 13
+# - dropped: 21 CT volumes (folder volumes); 63 CT slices in images/ (84 CT rows - 21 volumes);
+#   57 laterals (L, all X-ray); 39 unknown views (35 blank + 4 '?', all todo); 51 not labelled yet
+#   (frontal X-ray todo: AP Supine 22 + PA 15 + AP 13, and 1 Unknown); 4 ARDS (all PA).
+# 523 kept + 235 dropped = 758 rows.
+AUG_2020_CLASSES = {"covid-19": 429, "pneumonia/viral": 21, "pneumonia/bacterial": 34, "pneumonia/fungal": 13,
+                    "pneumonia/other": 3, "pneumonia": 10, "normal": 13}
+AUG_2020_DROPPED = {
+    "CT volume (volumes/), not a radiograph": 21,
+    "modality CT is not X-ray": 63,
+    "view L is not frontal": 57,
+    UNKNOWN_VIEW: 39,
+    "finding not labelled yet (todo/Unknown)": 51,
+    EXCLUDED_ARDS: 4,
+}
+
+
+def aug_2020_with_every_image(shared_data: Path, target: Path) -> Path:
+    """The real metadata.csv beside an images/ folder holding a (placeholder) file for every row,
+    so that all 758 rows are judged on their metadata, not on which 96 images the sample carries."""
+    (target / "images").mkdir(parents=True)
+    shutil.copy2(shared_data / AUG_2020 / "metadata.csv", target / "metadata.csv")
+    with open(target / "metadata.csv", newline="", encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            (target / "images" / row["filename"]).touch()
+    return target
+
+
+def test_aug_2020_metadata_gives_the_hand_derived_counts_per_class_and_drop_reason(shared_data, tmp_path):
+    root = aug_2020_with_every_image(shared_data, tmp_path / "repo")
+    _, _, records, dropped = read("covid-chestxray", {"from_path": str(root)}, tmp_path / "cache")
+    assert len(records) + sum(dropped.values()) == 758
+    assert Counter(r.label for r in records) == AUG_2020_CLASSES
+    assert dropped == AUG_2020_DROPPED
+    assert {r.view for r in records} == {"PA", "AP", "AP Supine"}
+
+
+def test_aug_2020_sample_keeps_exactly_the_listed_images_it_holds(shared_data, tmp_path):
+    """On the sample as it is (96 of the images), a kept row is one whose image is present."""
+    root = shared_data / AUG_2020
+    _, _, records, dropped = read("covid-chestxray", {"from_path": str(root)}, tmp_path / "cache")
+    with_images = aug_2020_with_every_image(shared_data, tmp_path / "repo")
+    _, _, all_records, _ = read("covid-chestxray", {"from_path": str(with_images)}, tmp_path / "cache2")
+    present = {r.image.name for r in all_records if (root / "images" / r.image.name).is_file()}
+    assert {r.image.name for r in records} == present and len(present) > 50
+    assert dropped["image file listed in metadata.csv is missing"] == len(all_records) - len(records)
+
+
+def test_label_overrides_map_unknown_findings_and_override_exclusions(shared_data, tmp_path):
+    root = aug_2020_with_every_image(shared_data, tmp_path / "repo")
+    source = build_source("covid-chestxray", {"from_path": str(root)})
+    source.label_overrides = {"ards": "pneumonia/other", "Lipoid": "pneumonia"}  # matched like findings: case-insensitive
+    records = [item for item in source.records(source.fetch(tmp_path / "cache")) if not isinstance(item, Dropped)]
+    labels = Counter(r.label for r in records)
+    assert labels["pneumonia/other"] == 4 and labels["pneumonia"] == 10 + 3  # ARDS now kept; Lipoid moved
+    assert labels["covid-19"] == 429  # "COVID-19, ARDS" is listed whole, so overriding ARDS leaves it covid-19
+
+
+def test_label_overrides_are_validated_with_the_key_named():
+    from covidxray.config import load_config
+
+    assert load_config(None, [{"data": {"label_overrides": {"ARDS": "pneumonia/other"}}}]).data.label_overrides == {"ARDS": "pneumonia/other"}
+    with pytest.raises(ConfigError, match=r"data\.label_overrides\.ARDS: 'pneumonia/ards' is not one of normal, pneumonia"):
+        load_config(None, [{"data": {"label_overrides": {"ARDS": "pneumonia/ards"}}}])
+
+
+EARLIEST_HEADER = "Patientid,offset,sex,age,finding,survival,date,location,filename,doi,url,license,notes"
+
+
+@pytest.mark.parametrize("unknown_view", ["drop", "keep"])
+def test_metadata_without_a_view_column_is_read_and_unknown_views_follow_the_option(tmp_path, unknown_view):
+    root = tmp_path / "covid-chestxray-dataset"
+    (root / "images").mkdir(parents=True)
+    rows = [("1", "COVID-19", "a.jpeg"), ("2", "SARS", "b.jpeg"), ("3", "ARDS", "c.png")]
+    (root / "metadata.csv").write_text(EARLIEST_HEADER + "\n" + "".join(f"{p},,,,{f},,2020,,{n},,,,\n" for p, f, n in rows))
+    for _, _, name in rows:
+        (root / "images" / name).touch()
+    _, _, records, dropped = read("covid-chestxray", {"from_path": str(root), "unknown_view": unknown_view}, tmp_path / "cache")
+    if unknown_view == "drop":
+        assert not records and dropped == {UNKNOWN_VIEW: 3}
+    else:
+        assert {r.image.name: (r.label, r.view) for r in records} == {"a.jpeg": ("covid-19", "unknown"), "b.jpeg": ("pneumonia/viral", "unknown")}
+        assert dropped == {EXCLUDED_ARDS: 1}
+    with pytest.raises(ConfigError, match="unknown_view: 'maybe' is not one of drop, keep"):
+        build_source("covid-chestxray", {"unknown_view": "maybe"})
