@@ -326,3 +326,84 @@ def test_metadata_without_a_view_column_is_read_and_unknown_views_follow_the_opt
         assert dropped == {EXCLUDED_ARDS: 1}
     with pytest.raises(ConfigError, match="unknown_view: 'maybe' is not one of drop, keep"):
         build_source("covid-chestxray", {"unknown_view": "maybe"})
+
+
+# --- Kaggle: network failures are not credential failures (issue 15) --------------------------
+
+
+def fresh_kaggle(monkeypatch, tmp_path, **env):
+    """The real kaggle package imported anew, with only the given credentials in the environment."""
+    for var in ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_API_TOKEN", "KAGGLE_ENABLE_OAUTH", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KAGGLE_CONFIG_DIR", str(tmp_path / "home" / ".kaggle"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for module in [m for m in sys.modules if m == "kaggle" or m.startswith("kaggle.")]:
+        monkeypatch.delitem(sys.modules, module)
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # nothing listens once the probe is closed
+
+
+def test_bogus_token_without_network_is_reported_as_a_network_failure(tmp_path, monkeypatch):
+    """The real kaggle 2.x checks KAGGLE_API_TOKEN over the network; every connection here goes to a
+    proxy on a closed local port, so there is no network whatever the machine has."""
+    proxy = f"http://127.0.0.1:{closed_port()}"
+    fresh_kaggle(monkeypatch, tmp_path, KAGGLE_API_TOKEN="not-a-real-token", HTTPS_PROXY=proxy, HTTP_PROXY=proxy)
+    with pytest.raises(UserError) as caught:
+        read("chest-xray-pneumonia", {}, tmp_path / "cache")
+    message = str(caught.value)
+    assert message.startswith("could not reach Kaggle while authenticating") and "not a credentials one" in message
+    assert "HTTPS_PROXY" in message and "--from" in message and "kaggle.json" not in message
+
+
+def http_error(status: int):
+    import requests
+
+    response = requests.Response()
+    response.status_code = status
+    return requests.HTTPError(f"{status} Client Error", response=response)
+
+
+def connection_error_inside_a_client_error():
+    import requests
+
+    try:
+        try:
+            raise requests.ConnectionError("Failed to resolve 'api.kaggle.com'")
+        except requests.ConnectionError as inner:
+            raise RuntimeError("kagglesdk call failed") from inner
+    except RuntimeError as outer:
+        return outer
+
+
+@pytest.mark.parametrize(
+    "when, raised, says",
+    [
+        ("authenticate", lambda: SystemExit(1), r"^Kaggle did not accept the credentials while authenticating \(no usable.*kaggle\.json.*--from"),
+        ("authenticate", lambda: http_error(401), r"^Kaggle did not accept the credentials while authenticating \(HTTP 401\)"),
+        ("authenticate", connection_error_inside_a_client_error, r"^could not reach Kaggle while authenticating \(Failed to resolve"),
+        ("download", connection_error_inside_a_client_error, r"^download of chest-xray-pneumonia.zip failed: could not reach Kaggle while downloading"),
+        ("download", lambda: http_error(503), r"^download of chest-xray-pneumonia.zip failed: Kaggle itself failed .*HTTP 503.*re-run later"),
+        ("download", lambda: http_error(404), r"Kaggle has no dataset paultimothymooney/chest-xray-pneumonia \(HTTP 404\)"),
+    ],
+)
+def test_kaggle_failures_say_whether_network_credentials_or_kaggle_is_at_fault(tmp_path, monkeypatch, when, raised, says):
+    class FailingKaggleApi:
+        def authenticate(self):
+            if when == "authenticate":
+                raise raised()
+
+        def dataset_download_files(self, dataset, path=None, force=False, quiet=True, unzip=False):
+            raise raised()
+
+    monkeypatch.setitem(sys.modules, "kaggle", types.SimpleNamespace(KaggleApi=FailingKaggleApi))
+    with pytest.raises(UserError, match=says):
+        read("chest-xray-pneumonia", {}, tmp_path / "cache")

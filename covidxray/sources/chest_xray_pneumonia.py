@@ -3,12 +3,16 @@
 Fetched through the official `kaggle` package. It is imported only when a
 download is actually needed, because importing and authenticating it without
 credentials prints a help text and exits; that becomes one actionable error.
+A failure says whether the network, the credentials or Kaggle itself is at
+fault: kaggle 2.x checks a KAGGLE_API_TOKEN over the network, so without a
+network a bogus token and a good one fail alike, with a connection error.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import socket
 from pathlib import Path
 from typing import Iterator
 
@@ -25,8 +29,59 @@ CREDENTIALS_HELP = (
 )
 
 
-def kaggle_api():
-    """An authenticated KaggleApi, or UserError saying how to provide credentials."""
+def _causes(err: BaseException) -> Iterator[BaseException]:
+    """`err` and the exceptions it was raised from or while handling (clients wrap connection errors)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def failure_kind(err: BaseException) -> tuple[str, str]:
+    """(kind, detail) of what the kaggle client raised; kind is network, credentials, not-found, service or other.
+
+    kaggle 2.x: no network -> requests.ConnectionError (or Timeout); a token the server
+    rejects -> HTTP 401, or no usable credentials at all -> exit(1) (SystemExit) after its
+    help text; kaggle <= 1.7 -> OSError naming kaggle.json.
+    """
+    import requests
+
+    for cause in _causes(err):
+        if isinstance(cause, requests.HTTPError) and cause.response is not None:
+            status = cause.response.status_code
+            kind = "credentials" if status in (401, 403) else "not-found" if status == 404 else "service" if status >= 500 else "other"
+            return kind, f"HTTP {status}"
+        if isinstance(cause, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError, socket.gaierror)):
+            return "network", _short(cause)
+    if isinstance(err, SystemExit) or (isinstance(err, OSError) and "kaggle.json" in str(err)):
+        return "credentials", "no usable Kaggle credentials found"
+    return "other", f"{err.__class__.__name__}: {_short(err)}"
+
+
+def _short(err: BaseException, limit: int = 240) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def explain_failure(err: BaseException, doing: str, dataset: str) -> str:
+    """What went wrong while `doing` (e.g. 'authenticating') and what to do about it."""
+    kind, detail = failure_kind(err)
+    manual = f"or download it from https://www.kaggle.com/datasets/{dataset} on a machine with internet and pass the zip with --from"
+    if kind == "network":
+        return (f"could not reach Kaggle while {doing} ({detail}): a network problem, not a credentials one. Check this "
+                f"machine's connection, DNS and proxy (HTTPS_PROXY), then re-run; {manual}")
+    if kind == "credentials":
+        return f"Kaggle did not accept the credentials while {doing} ({detail}): {CREDENTIALS_HELP}; {manual}"
+    if kind == "not-found":
+        return f"Kaggle has no dataset {dataset} ({detail}); check datasets/chest-xray-pneumonia.yaml kaggle_dataset, {manual}"
+    if kind == "service":
+        return f"Kaggle itself failed while {doing} ({detail}); re-run later, {manual}"
+    return f"the Kaggle client failed while {doing} ({detail}); re-run to retry, {manual}"
+
+
+def kaggle_api(dataset: str):
+    """An authenticated KaggleApi, or UserError saying what failed (network or credentials) and what to do."""
     noise = io.StringIO()
     try:
         with contextlib.redirect_stdout(noise), contextlib.redirect_stderr(noise):
@@ -36,8 +91,8 @@ def kaggle_api():
             api.authenticate()
     except ImportError:
         raise UserError("the `kaggle` package is not installed: pip install kaggle (or pass the downloaded zip with --from)") from None
-    except (SystemExit, Exception) as err:  # kaggle signals missing credentials with exit(1), OSError or ValueError
-        raise UserError(f"Kaggle authentication failed ({err.__class__.__name__}): {CREDENTIALS_HELP}; or download the zip yourself and pass it with --from") from None
+    except (SystemExit, Exception) as err:  # exit(1), OSError, requests errors: see failure_kind
+        raise UserError(explain_failure(err, "authenticating", dataset)) from None
     return api
 
 
@@ -46,15 +101,12 @@ def kaggle_download(dataset: str, folder: Path, file_name: str, sha256: str | No
     path = folder / file_name
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        api = kaggle_api()
+        api = kaggle_api(dataset)
         say_stderr(f"downloading {dataset} from Kaggle -> {path}")
         try:
             api.dataset_download_files(dataset, path=str(folder), unzip=False, quiet=True)
         except Exception as err:  # network, HTTP and API errors from a third-party client
-            raise UserError(
-                f"Kaggle download of {dataset} failed: {err}. Re-run to retry, or download {file_name} from "
-                f"https://www.kaggle.com/datasets/{dataset} and pass it with --from"
-            ) from None
+            raise UserError(f"download of {file_name} failed: " + explain_failure(err, f"downloading {dataset}", dataset)) from None
         if not path.is_file():
             raise UserError(f"the Kaggle API finished but {path} is missing; download it yourself and pass it with --from")
     digest = verify_sha256(path, sha256, origin=f"kaggle:{dataset}", delete=True) if sha256 else sha256_file(path)
