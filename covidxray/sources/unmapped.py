@@ -41,7 +41,7 @@ def override_hint(dropped: Iterable[tuple[str, Dropped]]) -> list[str]:
     lines = [f"{sum(counts.values())} row(s) dropped because their finding maps to no label:"]
     lines += [f"  {n:5d} x {finding!r}" for finding, n in counts.most_common()]
     lines += [
-        f"to use them, replace {PLACEHOLDER} with one of {', '.join(HARMONISED_LABELS)} (or delete the finding) in either",
+        f"to use them, replace {PLACEHOLDER} with one of {', '.join(HARMONISED_LABELS)} (leave out findings to keep dropped) in either",
         f"  config file, under data:   label_overrides: {mapping}",
         f"  command line:              --set {shlex.quote('data.label_overrides=' + mapping)}",
     ]
