@@ -131,6 +131,15 @@ def test_monochrome1_16bit_applies_rescale_then_window_then_inverts(tmp_path):
     assert np.all(np.diff(gray.ravel().astype(int)) <= 0)
 
 
+@pytest.mark.parametrize("photometric, shape", [("MONOCHROME1", "INVERSE"), ("MONOCHROME1", "IDENTITY"), ("MONOCHROME2", "INVERSE")])
+def test_photometric_interpretation_alone_sets_the_polarity(tmp_path, photometric, shape):
+    """MONOCHROME1 + INVERSE is one inversion, not two; INVERSE on MONOCHROME2 is not trusted."""
+    stored = np.arange(32 * 32, dtype=np.uint16).reshape(32, 32)
+    path = write_dicom(tmp_path / "shape.dcm", stored, photometric=photometric, PresentationLUTShape=shape)
+    expected = min_max(stored)
+    assert np.array_equal(load_gray(path), 255 - expected if photometric == "MONOCHROME1" else expected)
+
+
 def test_monochrome2_8bit_without_window_is_min_max(tmp_path):
     rng = np.random.default_rng(0)
     stored = rng.integers(30, 200, size=(40, 50), dtype=np.uint8)

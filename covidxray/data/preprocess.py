@@ -21,7 +21,7 @@ PREPROCESSING = {
     "decode": (
         "grayscale; DICOM: modality LUT (rescale slope/intercept), then VOI LUT sequence scaled from its "
         "output range, else the first window (DICOM linear/sigmoid formula) to 0..255, else min-max; "
-        "MONOCHROME1 or Presentation LUT Shape INVERSE inverted once; other 16-bit images min-max scaled to 8-bit"
+        "MONOCHROME1 inverted; other 16-bit images min-max scaled to 8-bit"
     ),
     "resize": "cv2.INTER_AREA to size x size (aspect not kept)",
     "input": "float32 gray values 0..255, shape (size, size, 1); the model rescales",
@@ -195,19 +195,12 @@ def dicom_gray(dataset, path: Path | str = "<dataset>") -> np.ndarray:
         gray = window_to_uint8(values, *window)
     else:
         gray = _to_uint8(values)
-    return 255 - gray if displays_inverted(dataset) else gray
-
-
-def displays_inverted(dataset) -> bool:
-    """Whether the lowest value is shown white: MONOCHROME1, or Presentation LUT Shape INVERSE.
-
-    The two are one inversion, not two: DX and mammography require INVERSE exactly
-    when the photometric interpretation is MONOCHROME1 (PS3.3 C.8.11.6), so a
-    MONOCHROME1 + INVERSE radiograph is inverted once, like any MONOCHROME1 one.
-    """
-    photometric = str(dataset.get("PhotometricInterpretation", "MONOCHROME2")).upper()
-    shape = str(dataset.get("PresentationLUTShape", "") or "").upper()
-    return photometric == "MONOCHROME1" or shape == "INVERSE"
+    # Photometric Interpretation alone decides the polarity; Presentation LUT Shape is not applied.
+    # With MONOCHROME1 it names the same inversion (DX requires INVERSE exactly when the data is
+    # MONOCHROME1), so applying both shows the radiograph negative (a known viewer bug: Weasis 4.0.3,
+    # nroduit/Weasis#372). With MONOCHROME2 it is known to be wrong in real DX/CR objects, which
+    # is why dcm4chee lets PACS ignore it (dcm4chee-arc-light#3155).
+    return 255 - gray if photometric == "MONOCHROME1" else gray
 
 
 # What a data set read without file meta header must hold to be taken for a radiograph file
