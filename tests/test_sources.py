@@ -127,15 +127,22 @@ def test_kaggle_download_through_a_faked_api(tmp_path, monkeypatch):
     assert len(calls) == 2
 
 
-def test_kaggle_without_credentials_says_how_to_provide_them(tmp_path, monkeypatch):
-    """The real kaggle package, with no token anywhere, must turn into one actionable error."""
-    for var in ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_API_TOKEN", "KAGGLE_ENABLE_OAUTH"):
+def fresh_kaggle(monkeypatch, tmp_path, **env):
+    """The real kaggle package imported anew, with only the given credentials in the environment."""
+    for var in ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_API_TOKEN", "KAGGLE_ENABLE_OAUTH", "NO_PROXY", "no_proxy"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("KAGGLE_CONFIG_DIR", str(tmp_path / "home" / ".kaggle"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     for module in [m for m in sys.modules if m == "kaggle" or m.startswith("kaggle.")]:
         monkeypatch.delitem(sys.modules, module)
+
+
+def test_kaggle_without_credentials_says_how_to_provide_them(tmp_path, monkeypatch):
+    """The real kaggle package, with no token anywhere, must turn into one actionable error."""
+    fresh_kaggle(monkeypatch, tmp_path)
     with pytest.raises(UserError, match=r"kaggle\.json.*KAGGLE_USERNAME.*--from"):
         read("chest-xray-pneumonia", {}, tmp_path / "cache")
 
@@ -329,19 +336,6 @@ def test_metadata_without_a_view_column_is_read_and_unknown_views_follow_the_opt
 
 
 # --- Kaggle: network failures are not credential failures (issue 15) --------------------------
-
-
-def fresh_kaggle(monkeypatch, tmp_path, **env):
-    """The real kaggle package imported anew, with only the given credentials in the environment."""
-    for var in ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_API_TOKEN", "KAGGLE_ENABLE_OAUTH", "NO_PROXY", "no_proxy"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("KAGGLE_CONFIG_DIR", str(tmp_path / "home" / ".kaggle"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    for module in [m for m in sys.modules if m == "kaggle" or m.startswith("kaggle.")]:
-        monkeypatch.delitem(sys.modules, module)
 
 
 def closed_port() -> int:
