@@ -214,7 +214,7 @@ def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
 
 
 def describe_source(source: str, entry: dict) -> str:
-    tag = f" [{UNSEEN}: not in train, a generalisation figure]" if entry["unseen"] else ""
+    tag = f" ({UNSEEN}: not in train, a generalisation figure)" if entry["unseen"] else ""
     counts = ", ".join(f"{name} {n}" for name, n in entry["classes"].items() if n)
     rates = "; ".join(f"{name} {_fmt(e['argmax']['sensitivity'])}/{_fmt(e['argmax']['specificity'])}" for name, e in entry["per_class"].items())
     return (f"  {source}{tag}: {entry['images']} images ({counts}), accuracy {entry['accuracy']:.3f}, "
