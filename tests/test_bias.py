@@ -139,3 +139,15 @@ def test_evaluate_per_source_on_the_real_merge(merged, tmp_path):
         assert entry["unseen"] is False  # every source of this merge is in train
         assert f"{source}:" in evaluated.stderr
     assert "ECE" in evaluated.stderr and (run_dir / "reliability.png").is_file()
+
+    # The same shards, as the hold-out split mode records them: talo is now a source the model "never saw".
+    held_out = tmp_path / "held-out"
+    shutil.copytree(data_dir / "shards", held_out / "shards")
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    manifest["data_config"]["holdout_source"] = "covid19-talo"
+    (held_out / "manifest.json").write_text(json.dumps(manifest))
+    again = run_cli("evaluate", "--data-dir", str(held_out), "--run-dir", str(run_dir))
+    assert again.returncode == 0, again.stderr[-3000:]
+    flags = {s: e["unseen"] for s, e in json.loads((run_dir / "evaluation.json").read_text())["per_source"].items()}
+    assert flags == {s: s == "covid19-talo" for s in report["per_source"]}
+    assert "covid19-talo (unseen source: not in train, a generalisation figure):" in again.stderr
