@@ -94,11 +94,23 @@ def prepare(
             manifest = do_prepare(cfg.data, progress=advance, log=console.print)
         for split, info in manifest["splits"].items():
             console.print(f"{split:5s} {info['records']:6d} images {info['patients']:6d} patients  {info['classes']}")
+        print_composition(manifest)
         for reason, count in manifest["dropped"].items():
             console.print(f"[yellow]dropped[/] {count:6d}  {reason}")
         console.print(f"wrote {len(manifest['shards'])} shards + manifest.json to {cfg.data.data_dir}")
 
     run(go)
+
+
+def print_composition(manifest: dict) -> None:
+    from rich.markup import escape
+
+    from covidxray.data.composition import table_lines
+
+    for line in table_lines(manifest):
+        console.print(escape(line), highlight=False)
+    for warning in manifest["composition"]["warnings"]:
+        console.print(f"[yellow]shortcut risk[/]: {escape(warning)}", highlight=False)
 
 
 @app.command()

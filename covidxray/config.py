@@ -64,6 +64,8 @@ class DataConfig:
     workers: int = setting(0, low=0)  # 0: one per core
     # Perceptual (256-bit hash) Hamming distance counted as a duplicate; -1: exact duplicates only.
     dedup_max_distance: int = setting(12, low=-1, high=32)
+    # Warn when one source supplies at least this share of a class's images (a shortcut a model can learn).
+    shortcut_warning_share: float = setting(0.8, above=0.5, high=1.0)
     seed: int = setting(0, low=0, high=2**31 - 1)
     # Source finding -> harmonised label, for findings the descriptors leave unmapped (prepare lists
     # them with the exact line to add here) or map differently; wins over every descriptor.

@@ -27,6 +27,7 @@ from typing import Callable
 
 from covidxray.config import DataConfig
 from covidxray.data import dedup, preprocess
+from covidxray.data.composition import composition
 from covidxray.data.image_cache import Decoded, ImageCache, cache_path
 from covidxray.data.labels import Task, get_task
 from covidxray.data.split import SPLITS, patients_overlap, split_by_patient
@@ -261,6 +262,7 @@ def build_manifest(config: DataConfig, task: Task, splits, receipts: list[dict],
         "preprocessing": preprocess.PREPROCESSING,
         "splits": per_split,
         "patient_disjoint": not patients_overlap(splits),
+        "composition": composition(per_split, list(task.classes), config.shortcut_warning_share),
         "sources": {name: {**info, "records_kept": kept_per_source.get(name, 0)} for name, info in sources.items()},
         "dropped": dict(sorted(reasons.items())),
         "dropped_total": len(dropped),

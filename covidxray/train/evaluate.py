@@ -5,6 +5,11 @@ one-vs-rest threshold is picked on the validation split (Youden's J) and only
 then applied to test. Images go through the same decode path as training
 (`make_dataset`, preprocessing inside the model), so evaluation measures the
 model that `predict` will run.
+
+Two checks against a model that only looks good: calibration (does a 0.9
+probability come true 9 times in 10? ECE and a reliability diagram), and the
+same metrics per source, since in a merged set a model can learn which
+collection an image came from instead of the disease (see docs/datasets.md).
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ import numpy as np
 from covidxray.config import Config
 from covidxray.data.prepare import load_manifest, manifest_sha256, shard_paths
 from covidxray.errors import UserError
-from covidxray.train.metrics import binary_rates, confusion_matrix, macro_auc, roc_auc, roc_curve, youden_threshold
+from covidxray.train.by_source import UNSEEN, per_source_report, split_sources
+from covidxray.train.metrics import (binary_rates, classwise_expected_calibration_error, confusion_matrix, expected_calibration_error,
+                                     macro_auc, reliability_bins, roc_auc, roc_curve, youden_threshold)
 from covidxray.train.trainer import MODEL_CARD, MODEL_FILE, write_json
 
 EVALUATION = "evaluation.json"
 ROC_PLOT = "roc.png"
 CONFUSION_PLOT = "confusion.png"
+RELIABILITY_PLOT = "reliability.png"
+CALIBRATION_BINS = 15
 BATCH = 64
 
 
@@ -67,6 +76,18 @@ def classification_report(labels: np.ndarray, probabilities: np.ndarray, class_n
         "labels": list(class_names),
         "confusion_matrix": confusion_matrix(labels, predicted, len(class_names)).tolist(),
         "per_class": per_class,
+    }
+
+
+def calibration_report(labels: np.ndarray, probabilities: np.ndarray, bins: int = CALIBRATION_BINS) -> dict:
+    return {
+        "ece": expected_calibration_error(labels, probabilities, bins),
+        "classwise_ece": classwise_expected_calibration_error(labels, probabilities, bins),
+        "bins": bins,
+        "binning": f"{bins} equal-width bins over (0, 1] of the top-class probability; ECE = sum over bins of "
+                   "(share of images) x |accuracy - mean top-class probability|. classwise_ece: the same on every "
+                   "class's probability against that class's frequency, averaged over classes",
+        "reliability": reliability_bins(labels, probabilities, bins),
     }
 
 
@@ -117,6 +138,26 @@ def plot_confusion(path: Path, report: dict) -> None:
     plt.close(figure)
 
 
+def plot_reliability(path: Path, calibration: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    table = [b for b in calibration["reliability"] if b["count"]]
+    width = 1 / calibration["bins"]
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    top.bar([b["low"] for b in table], [b["accuracy"] for b in table], width=width, align="edge", edgecolor="black", label="accuracy in bin")
+    top.plot([b["confidence"] for b in table], [b["accuracy"] for b in table], "o", color="tab:red", label="(mean confidence, accuracy)")
+    top.plot([0, 1], [0, 1], ":", color="gray", label="perfect calibration")
+    top.set(ylabel="accuracy", ylim=(0, 1.02), title=f"Test reliability (ECE {calibration['ece']:.3f}, {calibration['bins']} bins)")
+    top.legend(loc="upper left")
+    bottom.bar([b["low"] for b in table], [b["count"] for b in table], width=width, align="edge", color="gray")
+    bottom.set(xlabel="top-class probability", ylabel="images", xlim=(0, 1))
+    _save_figure(figure, path)
+    plt.close(figure)
+
+
 def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
     import tensorflow as tf
 
@@ -137,9 +178,15 @@ def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
     names, size = card["labels"], int(card["image_size"])
     val_probs, val_labels = predict_split(model, data_dir, "val", size, len(names))
     test_probs, test_labels = predict_split(model, data_dir, "test", size, len(names))
+    test_sources, source_labels = split_sources(data_dir, "test")
+    if not np.array_equal(source_labels, test_labels):
+        raise AssertionError("the test records' sources are not in the order the predictions were made")
     thresholds = choose_thresholds(val_labels, val_probs)
     report = classification_report(test_labels, test_probs, names, thresholds)
     report.update({
+        "calibration": calibration_report(test_labels, test_probs),
+        "per_source": per_source_report(test_labels, test_probs, test_sources, manifest,
+                                        lambda labels, probabilities: classification_report(labels, probabilities, names, thresholds)),
         "split": "test",
         "thresholds": {"chosen_on": "val", "rule": "Youden J (sensitivity + specificity - 1), one vs rest",
                        "val_images": int(val_labels.size), "per_class": dict(zip(names, thresholds))},
@@ -150,14 +197,28 @@ def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
     write_json(run_dir / EVALUATION, report)
     plot_roc(run_dir / ROC_PLOT, test_labels, test_probs, report)
     plot_confusion(run_dir / CONFUSION_PLOT, report)
+    plot_reliability(run_dir / RELIABILITY_PLOT, report["calibration"])
 
     say(f"test: {report['images']} images, accuracy {report['accuracy']:.3f}, macro ROC AUC {_fmt(report['macro_roc_auc'])}")
     for name, entry in report["per_class"].items():
         point = entry["operating_point"] or {}
         say(f"  {name:12s} AUC {_fmt(entry['roc_auc'])}  at val threshold {_fmt(point.get('threshold'))}: "
             f"sensitivity {_fmt(point.get('sensitivity'))} specificity {_fmt(point.get('specificity'))} PPV {_fmt(point.get('ppv'))}")
-    say(f"wrote {EVALUATION}, {ROC_PLOT}, {CONFUSION_PLOT} to {run_dir}")
+    calibration = report["calibration"]
+    say(f"  calibration: ECE {calibration['ece']:.3f} (top class, {calibration['bins']} equal-width bins), classwise ECE {calibration['classwise_ece']:.3f}")
+    say("per source (a class recognised only across sources may be the source, not the disease):")
+    for source, entry in report["per_source"].items():
+        say(describe_source(source, entry))
+    say(f"wrote {EVALUATION}, {ROC_PLOT}, {CONFUSION_PLOT}, {RELIABILITY_PLOT} to {run_dir}")
     return report
+
+
+def describe_source(source: str, entry: dict) -> str:
+    tag = f" ({UNSEEN}: not in train, a generalisation figure)" if entry["unseen"] else ""
+    counts = ", ".join(f"{name} {n}" for name, n in entry["classes"].items() if n)
+    rates = "; ".join(f"{name} {_fmt(e['argmax']['sensitivity'])}/{_fmt(e['argmax']['specificity'])}" for name, e in entry["per_class"].items())
+    return (f"  {source}{tag}: {entry['images']} images ({counts}), accuracy {entry['accuracy']:.3f}, "
+            f"macro AUC {_fmt(entry['macro_roc_auc'])}, ECE {entry['ece']:.3f}; argmax sensitivity/specificity {rates}")
 
 
 def _fmt(value: float | None) -> str:

@@ -79,3 +79,59 @@ def macro_auc(labels: np.ndarray, probabilities: np.ndarray) -> float | None:
 def cross_entropy(labels: np.ndarray, probabilities: np.ndarray) -> float:
     picked = probabilities[np.arange(len(labels)), labels]
     return float(-np.mean(np.log(np.clip(picked, 1e-7, 1.0))))
+
+
+def _calibration_bin(confidence: np.ndarray, bins: int) -> np.ndarray:
+    """Bin index of each probability for `bins` equal-width bins: bin b holds (b/bins, (b+1)/bins], bin 0 also 0."""
+    inner_edges = np.linspace(0.0, 1.0, bins + 1)[1:-1]
+    return np.searchsorted(inner_edges, confidence, side="left")
+
+
+def reliability_bins(labels: np.ndarray, probabilities: np.ndarray, bins: int = 15) -> list[dict]:
+    """Per confidence bin: its edges, how many predictions fall in it, their accuracy and mean top-class probability.
+
+    Empty bins are listed with count 0 and accuracy/confidence None, so a diagram shows where no predictions lie.
+    """
+    labels, probabilities = np.asarray(labels), np.asarray(probabilities, dtype=np.float64)
+    confidence = probabilities.max(1)
+    correct = probabilities.argmax(1) == labels
+    which = _calibration_bin(confidence, bins)
+    table = []
+    for b in range(bins):
+        members = which == b
+        count = int(members.sum())
+        table.append({
+            "low": b / bins, "high": (b + 1) / bins, "count": count,
+            "accuracy": float(correct[members].mean()) if count else None,
+            "confidence": float(confidence[members].mean()) if count else None,
+        })
+    return table
+
+
+def expected_calibration_error(labels: np.ndarray, probabilities: np.ndarray, bins: int = 15) -> float:
+    """Top-class ECE (Guo et al. 2017): sum over equal-width confidence bins of (share of predictions) x |accuracy - mean confidence|.
+
+    `labels` are class indices (N,), `probabilities` rows of class probabilities (N, K); the confidence
+    is each row's largest probability, binned into `bins` equal-width bins over (0, 1].
+    """
+    labels = np.asarray(labels)
+    if labels.size == 0:
+        raise ValueError("expected calibration error of an empty prediction set")
+    table = reliability_bins(labels, probabilities, bins)
+    return float(sum(b["count"] * abs(b["accuracy"] - b["confidence"]) for b in table if b["count"]) / labels.size)
+
+
+def classwise_expected_calibration_error(labels: np.ndarray, probabilities: np.ndarray, bins: int = 15) -> float:
+    """Classwise ECE (Kull et al. 2019): per class k, p_k of every image binned like the top-class ECE,
+    |share of class k - mean p_k| weighted by bin size; the mean over classes. It also sees miscalibrated
+    probabilities of the classes that were not predicted."""
+    labels, probabilities = np.asarray(labels), np.asarray(probabilities, dtype=np.float64)
+    if labels.size == 0:
+        raise ValueError("expected calibration error of an empty prediction set")
+    per_class = []
+    for c in range(probabilities.shape[1]):
+        scores, is_class = probabilities[:, c], labels == c
+        which = _calibration_bin(scores, bins)
+        gap = sum(abs(is_class[which == b].mean() - scores[which == b].mean()) * (which == b).sum() for b in np.unique(which))
+        per_class.append(gap / labels.size)
+    return float(np.mean(per_class))

@@ -1,0 +1,71 @@
+"""Test metrics per source: is the model good at the disease, or at telling the collections apart?
+
+In a merged set each class tends to come from its own collection (children from one
+hospital, adults from papers, NIH adults), so a score on the whole test split can
+hide a model that learned the source. Per source, the same report as overall
+(accuracy, per-class sensitivity/specificity at argmax and at the val-chosen
+thresholds, AUC where the source has both positives and negatives) shows whether a
+class is recognised within one collection; a source that train never saw reads as
+a generalisation figure and is labelled so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from covidxray.data.prepare import shard_paths
+from covidxray.train.metrics import expected_calibration_error
+
+UNSEEN = "unseen source"
+
+
+def split_sources(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(source, label) of every record of `split`, in the order `make_dataset` yields them for one rank (evaluation)."""
+    import tensorflow as tf
+
+    from covidxray.data.tfrecord import FEATURES
+    from covidxray.train.input import assign_shards, rank_records
+
+    paths = shard_paths(data_dir, split)
+    if not paths:
+        return np.zeros(0, dtype=object), np.zeros(0, np.int64)
+    wanted = {key: FEATURES[key] for key in ("source", "label")}
+    records = rank_records(assign_shards(paths, 0, 1), 0, 1, training=False, seed=0)
+    sources, labels = [], []
+    for parsed in records.map(lambda serialized: tf.io.parse_single_example(serialized, wanted)):
+        sources.append(parsed["source"].numpy().decode())
+        labels.append(int(parsed["label"]))
+    return np.array(sources, dtype=object), np.array(labels, np.int64)
+
+
+def unseen_sources(manifest: dict) -> set[str]:
+    """Test sources the model never trained on: the held-out source, and any source with no train image."""
+    in_train = manifest["splits"]["train"]["sources"]
+    unseen = {s for s in manifest["splits"]["test"]["sources"] if not in_train.get(s)}
+    held_out = manifest.get("data_config", {}).get("holdout_source")
+    return unseen | ({held_out} if held_out else set())
+
+
+def per_source_report(labels: np.ndarray, probabilities: np.ndarray, sources: np.ndarray, manifest: dict,
+                      report: Callable[[np.ndarray, np.ndarray], dict]) -> dict:
+    """`report(labels, probabilities)` on each source's subset of the test split, with its class counts, ECE and
+    whether train saw the source (`unseen`, `train_images`)."""
+    names = manifest["labels"]
+    unseen = unseen_sources(manifest)
+    in_train = manifest["splits"]["train"]["sources"]
+    out = {}
+    for source in sorted(set(sources.tolist())):
+        members = sources == source
+        subset_labels, subset_probs = labels[members], probabilities[members]
+        out[source] = {
+            **report(subset_labels, subset_probs),
+            "classes": {name: int((subset_labels == c).sum()) for c, name in enumerate(names)},
+            "ece": expected_calibration_error(subset_labels, subset_probs),
+            "train_images": int(in_train.get(source, 0)),
+            "unseen": source in unseen,
+        }
+    return out
+
