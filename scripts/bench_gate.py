@@ -41,6 +41,23 @@ def outcome(result: dict) -> str:
     return "unreadable" if result["reason"] in ("unreadable", "unsupported") else "decoder"
 
 
+def margin_sensitivity(ood: dict | None, scores: dict[str, list[float]], refused_radiographs: int, radiographs: int,
+                       rejected_others: int, others: int) -> list[dict]:
+    """Rates at larger margins: an image refused by the OOD score at distance d stays refused while d > val max x margin."""
+    if not ood:
+        return []
+    val_max, current = ood["val_distance"]["max"], ood["margin"]
+    rows = []
+    for margin in sorted({current, *(m for m in (1.5, 2.0, 3.0) if m > current)}):
+        threshold = val_max * margin
+        kept_radiographs = sum(d <= threshold for d in scores["radiograph"])
+        kept_others = sum(d <= threshold for d in scores["other"])
+        rows.append({"margin": margin, "threshold": threshold,
+                     "false_rejections": refused_radiographs - kept_radiographs, "false_rejection_rate": (refused_radiographs - kept_radiographs) / radiographs,
+                     "rejected": rejected_others - kept_others, "rejection_rate": (rejected_others - kept_others) / others})
+    return rows
+
+
 def build_run(args) -> Path:
     run_dir = args.workdir / "gate-run"
     if (run_dir / f"model-{args.format}.tflite").is_file():
@@ -67,12 +84,14 @@ def main() -> None:
     others = gate_corpus.non_radiographs(args.shared, args.workdir / "gate-corpus")
     counts: dict[tuple, Counter] = defaultdict(Counter)
     refused_radiographs, passed_others = [], []
-    distances: dict[str, list[float]] = defaultdict(list)
+    ood_scores: dict[str, list[float]] = {"radiograph": [], "other": []}  # distances of the images the OOD score refused
     for kind, items in (("radiograph", radiographs), ("other", others)):
         for item in items:
             result = predict_path(item.path, classifier)
             step = outcome(result)
             counts[(kind, item.category, item.form)][step] += 1
+            if step == "ood score":
+                ood_scores[kind].append(result["score"])
             if kind == "radiograph" and step not in ("classified", "unreadable"):
                 refused_radiographs.append({"file": str(item.path), **result})
             if kind == "other" and step == "classified":
@@ -93,11 +112,18 @@ def main() -> None:
     total_others = sum(sum(v.values()) for (kind, _, _), v in counts.items() if kind == "other")
     rejection = 1 - len(passed_others) / total_others
     pixel_others = [v for (kind, _, form), v in counts.items() if kind == "other" and form == "pixels"]
+    margins = margin_sensitivity(classifier.card.get("ood"), ood_scores, len(refused_radiographs), judged_radiographs, total_others - len(passed_others), total_others)
+    if margins:
+        bench.table("what a larger export.ood_margin would change (from the distances above; a larger margin only un-rejects)",
+                    ["ood_margin", "threshold", "false rejections", "non-radiographs rejected"],
+                    [[m["margin"], f"{m['threshold']:.2f}", f"{m['false_rejections']} ({m['false_rejection_rate']:.2%})",
+                      f"{m['rejected']} ({m['rejection_rate']:.1%})"] for m in margins])
     results = {
         "run_dir": str(run_dir), "format": args.format, "model": classifier.card.get("model"), "image_size": classifier.image_size,
         "ood": {k: v for k, v in (classifier.card.get("ood") or {}).items() if k not in ("means", "precision")},
         "radiographs_judged": judged_radiographs, "false_rejection_rate": false_rejection, "refused_radiographs": refused_radiographs,
         "non_radiographs": total_others, "rejection_rate": rejection, "non_radiographs_classified": passed_others,
+        "margin_sensitivity": margins, "ood_scores": ood_scores,
         "pixels_only_rejection_rate": 1 - sum(v["classified"] for v in pixel_others) / max(1, sum(sum(v.values()) for v in pixel_others)),
         "by_category": table,
     }

@@ -28,10 +28,12 @@ def non_radiographs() -> dict[str, tuple[np.ndarray, str]]:
         "all white": (np.full((800, 800), 255, np.uint8), "near-uniform"),
         "all black": (np.zeros((800, 600), np.uint8), "near-uniform"),
         "near-constant gray": (np.clip(128 + rng.normal(0, 2, (512, 512)), 0, 255).astype(np.uint8), "near-uniform"),
-        "16 x 4000 noise strip": (rng.integers(0, 256, (16, 4000), dtype=np.uint8), "extreme-aspect"),
+        "16 x 4000 noise strip": (rng.integers(0, 256, (16, 4000), dtype=np.uint8), "too-small|extreme-aspect"),
         "whole-body strip 1024 x 256": (cv2.resize(rng.integers(0, 256, (8, 4), dtype=np.uint8), (256, 1024)), "extreme-aspect"),
         "checkerboard": (checker, "few-gray-levels"),
         "uniform noise": (rng.integers(0, 256, (512, 512), dtype=np.uint8), "text-or-noise"),
+        "25 px face-sized thumbnail": (cv2.resize(rng.integers(0, 256, (5, 5), dtype=np.uint8), (25, 25)), "too-small"),
+        "linear gradient": (np.tile(np.linspace(0, 255, 512), (512, 1)).astype(np.uint8), "too-smooth"),
         "document page": (text_page(), "few-gray-levels|text-or-noise"),
         "terminal screenshot": (text_page(1920, 1080, background=20, ink=220), "few-gray-levels|text-or-noise"),
     }

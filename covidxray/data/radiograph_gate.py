@@ -2,8 +2,9 @@
 
 `prepare` drops what fails (counted as `image not-radiograph`) and `predict`
 answers `rejected: not a chest radiograph` instead of a class. These checks
-catch what needs no model: blank or near-constant images, strips and banners,
-binary-looking images (documents, screenshots, drawings) and noise. Photos,
+catch what needs no model: thumbnails too small to read, blank or
+near-constant images, strips and banners, binary-looking images (documents,
+screenshots, drawings), noise, and gradients with no grain at all. Photos,
 CT slices and other body parts look like images and pass here; the model's
 out-of-distribution score (covidxray/export/ood.py) catches those.
 
@@ -30,7 +31,7 @@ from covidxray.data.preprocess import ImageError
 THUMBNAIL_SIDE = 256
 
 # Change when a limit or a feature changes: it is part of the decode cache's fingerprint.
-GATE_VERSION = 1
+GATE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -47,14 +48,17 @@ class Check:
 
 
 # Limits, against the real radiographs' extremes (min or max over ~6,000) and the phantoms':
-# aspect <= 2.23, a figure of two radiographs side by side (limit 3); spread >= 70 (limit 24);
-# fine detail <= 0.031 (limit 0.06); top-two share <= 0.31 (limit 0.6). Rendered text scores
-# 0.10-0.21 on fine detail, pixel noise 0.15-0.19, blank images 0 spread.
+# short side >= 157 px (limit 64: no film that small can be read); aspect <= 2.23, a figure of
+# two radiographs side by side (limit 3); spread >= 70 (limit 24); fine detail 0.004 to 0.031
+# (limits 0.002 and 0.06); top-two share <= 0.31 (limit 0.6). Rendered text scores 0.10-0.21 on
+# fine detail, pixel noise 0.15-0.19, gradients and heavily smoothed noise 0, blank images 0 spread.
 # Checked in this order; the first failing one is the reason given.
 CHECKS = (
+    Check("too-small", 64, True, "short side in pixels"),
     Check("extreme-aspect", 3.0, False, "long side over short side"),
     Check("near-uniform", 24.0, True, "gray-level spread (1st to 99th percentile)"),
     Check("text-or-noise", 0.06, False, "fine detail relative to the gray-level spread"),
+    Check("too-smooth", 0.002, True, "fine detail relative to the gray-level spread"),
     Check("few-gray-levels", 0.6, False, "share of pixels on the two most common gray levels"),
 )
 
@@ -90,12 +94,14 @@ def features(gray: np.ndarray) -> dict[str, float]:
     top_two = float(np.sort(counts)[-2:].sum() / small.size)
     # Fine detail: mean absolute difference from a 3x3 box blur. Radiographs are smooth at this
     # scale; text strokes, UI edges and noise are not. Relative to the spread, so contrast does not matter.
-    detail = np.abs(small.astype(np.float32) - cv2.blur(small, (3, 3)).astype(np.float32)).mean()
+    detail = float(np.abs(small.astype(np.float32) - cv2.blur(small, (3, 3)).astype(np.float32)).mean() / max(spread, 1.0))
     return {
+        "too-small": float(min(height, width)),
         "near-uniform": spread,
         "extreme-aspect": max(height, width) / max(1, min(height, width)),
         "few-gray-levels": top_two,
-        "text-or-noise": float(detail / max(spread, 1.0)),
+        "text-or-noise": detail,
+        "too-smooth": detail,  # the same measure, from below: gradients and blurred blobs have no grain at all
     }
 
 
