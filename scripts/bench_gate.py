@@ -22,7 +22,6 @@ nothing. Goals (issue 14): 0% false rejections, >= 99% of non-radiographs reject
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
