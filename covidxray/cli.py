@@ -219,13 +219,16 @@ def predict(
     for item in results:
         if "error" in item:
             console.print(f"[red]{escape(item['file'])}: {escape(item['error'])}[/]", soft_wrap=True, highlight=False)
+        elif "rejected" in item:
+            if not as_json:
+                print(f"{item['file']}: rejected: {item['rejected']} ({item['reason']}, score {item['score']:.3g}, limit {item['limit']:.3g})")
         elif not as_json:
             probs = "  ".join(f"{k} {v:.3f}" for k, v in item["probabilities"].items())
             heat = f"  grad-cam {item['gradcam']}" if "gradcam" in item else ""
             print(f"{item['file']}: {item['label']}  ({probs}){heat}")
     if as_json:
         print(json.dumps(results, indent=2))
-    if any("error" in item for item in results):
+    if any("error" in item or "rejected" in item for item in results):
         raise typer.Exit(1)
 
 

@@ -94,6 +94,8 @@ class ExportConfig:
     formats: list[str] = field(default_factory=lambda: ["float32"])
     int8_min_agreement: float = setting(0.98, low=0.0, high=1.0)
     representative_samples: int = setting(200, low=1)
+    # Out-of-distribution threshold = the largest val-split distance x this (covidxray/export/ood.py).
+    ood_margin: float = setting(1.2, above=0.0, high=100.0)
 
 
 @dataclass

@@ -48,7 +48,8 @@ def run_demo(workdir: Path, epochs: int, say: Callable[[str], None] = print) -> 
     examples = {row["class"]: Path(row["image"]) for row in reversed(test_rows)}
     model_path = Path(config.train.run_dir) / "model-float32.tflite"
     for truth, result in zip(examples, predict_files(list(examples.values()), model_path)):
-        say(f"  {result['file']}: true {truth}, predicted {result['label']} ({result['confidence']:.2f})")
+        answer = f"predicted {result['label']} ({result['confidence']:.2f})" if "label" in result else f"no class: {result.get('rejected') or result['error']} ({result['reason']})"
+        say(f"  {result['file']}: true {truth}, {answer}")
     accuracy = report["float32"]["accuracy"]
     chance = max(manifest["splits"]["test"]["classes"].values()) / manifest["splits"]["test"]["records"]
     say(f"test accuracy {accuracy:.1%} (majority-class baseline {chance:.1%}); model: {model_path}")

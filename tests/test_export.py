@@ -124,19 +124,64 @@ def test_c_array_compiles_with_external_linkage(tmp_path):
 
 
 def test_int8_below_the_bar_fails_loudly(trained_run, synthetic_data, tmp_path):
+    """A bar above any agreement; in-process, because the config loader rightly refuses a bar above 1."""
+    from covidxray.config import load_config
+    from covidxray.errors import UserError
+    from covidxray.export.tflite import export
+
     run_dir = copy_trained_model(trained_run, tmp_path / "run")
-    result = run_cli(
-        "export", "--run-dir", str(run_dir), "--data-dir", str(synthetic_data), "--c-array",
-        "--set", "export.formats=[float16]", "--set", "export.int8_min_agreement=1.01",
-    )
-    assert result.returncode == 2, result.stderr[-2000:]
-    message = one_line(result.stderr)
+    config = load_config(None, [{"data": {"data_dir": str(synthetic_data)}, "train": {"run_dir": str(run_dir)}, "export": {"formats": ["float16", "int8"]}}])
+    config.export.int8_min_agreement = 1.01
+    with pytest.raises(UserError) as refused:
+        export(config, say=lambda _message: None)
+    message = one_line(str(refused.value))
     assert "int8 model agrees with Keras on only" in message and "int8_min_agreement" in message
-    assert "Traceback" not in result.stderr
     report = json.loads((run_dir / "export_report.json").read_text())  # still written, for the post-mortem
-    assert report["int8"]["meets_bar"] is False and "float16" in report  # --c-array added int8 to the formats
+    assert report["int8"]["meets_bar"] is False and "float16" in report
 
 
 def test_unknown_format_is_a_user_error(tmp_path, synthetic_data):
     result = run_cli("export", "--run-dir", str(tmp_path), "--data-dir", str(synthetic_data), "--format", "int4")
     assert result.returncode == 2 and "int4" in one_line(result.stderr) and "Traceback" not in result.stderr
+
+
+def test_every_format_has_named_probability_and_embedding_outputs(all_formats_run):
+    from covidxray.export.litert import TFLiteClassifier
+
+    for fmt in FORMATS:
+        classifier = TFLiteClassifier(all_formats_run / f"model-{fmt}.tflite")
+        assert list(classifier.output["shape"]) == [1, 3]
+        assert list(classifier.embedding_output["shape"]) == [1, 512]  # small_cnn's Dense(512) feeds its head
+        assert classifier.ood is not None and classifier.ood.means.shape == (3, 512)
+    int8 = TFLiteClassifier(all_formats_run / "model-int8.tflite")
+    assert int8.embedding_output["dtype"] == np.uint8
+
+
+def test_sidecar_temperature_and_ood_threshold_are_what_val_says(all_formats_run, synthetic_data):
+    """Independent recomputation: NLL minimum over T on val, and the largest val distance x the margin."""
+    from covidxray.config import ExportConfig
+    from covidxray.export.litert import TFLiteClassifier
+    from covidxray.export.tflite import load_split
+
+    images, labels = load_split(synthetic_data, "val")
+    for fmt in ("float32", "int8"):
+        classifier = TFLiteClassifier(all_formats_run / f"model-{fmt}.tflite")
+        card = classifier.card
+        raw, embeddings = map(np.array, zip(*(classifier.infer(image) for image in images)))
+        floor = 1e-7 if fmt == "float32" else classifier.output["quantization"][0] / 2
+
+        def nll(t: float) -> float:
+            logits = np.log(np.maximum(raw, floor)) / t
+            log_softmax = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+            return float(-log_softmax[np.arange(len(labels)), labels].mean())
+
+        t = card["temperature"]["value"]
+        assert t > 0 and nll(t) <= min(nll(t * 1.05), nll(t / 1.05)) + 1e-9, (fmt, t)
+        assert card["temperature"]["nll_after"] <= card["temperature"]["nll_before"] + 1e-9
+        distances = []
+        for e in embeddings:
+            distances.append(min(float(np.sqrt((e - m) @ classifier.ood.precision @ (e - m))) for m in classifier.ood.means))
+        assert card["ood"]["threshold"] == pytest.approx(max(distances) * ExportConfig().ood_margin, rel=1e-5)
+        assert card["ood"]["val_images"] == len(labels)
+        report = json.loads((all_formats_run / "export_report.json").read_text())[fmt]
+        assert report["temperature"] == t and 0 <= report["test_over_ood_threshold"] <= 0.05

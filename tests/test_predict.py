@@ -21,6 +21,8 @@ LABELS = ["normal", "pneumonia", "covid-19"]
 # The `--json` document (docs/deploy.md): a list with one entry per input file, in input order.
 RESULT_SCHEMA = {"file": str, "label": str, "confidence": float, "probabilities": dict}
 ERROR_SCHEMA = {"file": str, "error": str, "reason": str}
+REJECTED_SCHEMA = {"file": str, "rejected": str, "reason": str, "score": float, "limit": float}
+GATE_REASONS = {"too-small", "too-smooth", "extreme-aspect", "near-uniform", "text-or-noise", "few-gray-levels", "out-of-distribution"}
 OPTIONAL = {"gradcam": str}
 REASONS = {"missing", "empty", "unreadable", "not-xray", "unsupported"}
 
@@ -34,12 +36,14 @@ def check_schema(document) -> None:
     """Validate a `predict --json` document by hand (no jsonschema dependency)."""
     assert isinstance(document, list)
     for entry in document:
-        schema = ERROR_SCHEMA if "error" in entry else RESULT_SCHEMA
+        schema = ERROR_SCHEMA if "error" in entry else REJECTED_SCHEMA if "rejected" in entry else RESULT_SCHEMA
         assert set(schema) <= set(entry) <= set(schema) | set(OPTIONAL), entry
         for key, kind in {**schema, **OPTIONAL}.items():
             assert key not in entry or isinstance(entry[key], kind), (key, entry)
         if "error" in entry:
             assert entry["reason"] in REASONS and entry["error"]
+        elif "rejected" in entry:
+            assert entry["rejected"] == "not a chest radiograph" and entry["reason"] in GATE_REASONS
         else:
             assert entry["label"] in LABELS and list(entry["probabilities"]) == LABELS
             assert all(isinstance(p, float) and 0 <= p <= 1 for p in entry["probabilities"].values())
@@ -268,3 +272,96 @@ def test_gradcam_forward_reproduces_the_model(name):
     assert maps.shape.rank == 4
     heat = heatmap(score_function(model), image, 1)
     assert heat.shape == tuple(maps.shape[1:3]) and np.isfinite(heat).all() and 0 <= heat.min() <= heat.max() <= 1
+
+
+def sidecar_edits() -> dict:
+    """name -> (edit of a good sidecar, words the error must contain)."""
+    return {
+        "a list": (lambda card: [card], "not an object"),
+        "no labels": (lambda card: {k: v for k, v in card.items() if k != "labels"}, "lacks labels"),
+        "no image_size": (lambda card: {k: v for k, v in card.items() if k != "image_size"}, "lacks image_size"),
+        "fewer labels": (lambda card: {**card, "labels": card["labels"][:2]}, "lists 2 labels"),
+        "more labels": (lambda card: {**card, "labels": [*card["labels"], "tuberculosis"]}, "lists 4 labels"),
+        "other image size": (lambda card: {**card, "image_size": 128}, "image_size 128"),
+        "negative temperature": (lambda card: {**card, "temperature": {"value": -1}}, "temperature"),
+        "damaged ood": (lambda card: {**card, "ood": {**card["ood"], "precision": "AAAA"}}, "out-of-distribution section is damaged"),
+    }
+
+
+@pytest.mark.parametrize("name", list(sidecar_edits()))
+def test_a_sidecar_that_does_not_fit_the_model_is_one_clear_error(all_formats_run, synthetic_data, tmp_path, name):
+    edit, words = sidecar_edits()[name]
+    shutil.copy(all_formats_run / "model-int8.tflite", tmp_path / "model-int8.tflite")
+    card = json.loads((all_formats_run / "model-int8.json").read_text())
+    (tmp_path / "model-int8.json").write_text(json.dumps(edit(card)))
+    result = run_cli("predict", "--model", str(tmp_path / "model-int8.tflite"), "--json", str(held_out_images(synthetic_data, 1)[0]))
+    message = one_line(result.stderr)
+    assert result.returncode == 2 and result.stdout == "", (name, message)
+    assert f"sidecar {tmp_path / 'model-int8.json'}" in message and words in message and "export" in message, message
+    assert "Traceback" not in result.stderr
+
+
+def test_one_malformed_dicom_among_many_is_a_per_file_error(exported_run, synthetic_data, shared_data, tmp_path):
+    """Built from a real CR: a WindowCenter of 'abc', and a VOI LUT sequence whose item lacks its descriptor and data."""
+    import pydicom
+    from pydicom.dataset import Dataset
+    from pydicom.sequence import Sequence
+
+    real = shared_data / "dicom" / "CR-MONO2-8bit-rsna.dcm"
+    bad_window = pydicom.dcmread(str(real))
+    bad_window.WindowCenter, bad_window.WindowWidth = "-1234.5678", "256"  # pydicom refuses to write "abc" itself
+    bad_window.save_as(str(tmp_path / "window-abc.dcm"))
+    raw = (tmp_path / "window-abc.dcm").read_bytes()
+    assert raw.count(b"-1234.5678") == 1
+    (tmp_path / "window-abc.dcm").write_bytes(raw.replace(b"-1234.5678", b"abc       "))  # same length: the file stays well-formed
+    bad_lut = pydicom.dcmread(str(real))
+    item = Dataset()
+    item.LUTExplanation = "broken"
+    bad_lut.VOILUTSequence = Sequence([item])
+    bad_lut.save_as(str(tmp_path / "voi-lut-broken.dcm"))
+    good = held_out_images(synthetic_data, 2)
+    inputs = [good[0], tmp_path / "window-abc.dcm", real, tmp_path / "voi-lut-broken.dcm", good[1]]
+    result = run_cli("predict", "--model", str(exported_run), "--json", *map(str, inputs))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    document = json.loads(result.stdout)
+    check_schema(document)
+    assert [entry["file"] for entry in document] == [str(p) for p in inputs]
+    assert [entry.get("reason") for entry in document[1::2]] == ["unreadable", "unreadable"]
+    assert all("label" in entry or "rejected" in entry for entry in document[0::2]), document
+    assert "label" in document[0] and "label" in document[4]
+    for bad in ("window-abc.dcm", "voi-lut-broken.dcm"):
+        assert any(line.startswith(str(tmp_path / bad)) for line in result.stderr.splitlines()), result.stderr
+
+
+def test_images_with_no_anatomy_are_rejected_not_classified(exported_run, synthetic_data, tmp_path):
+    white = tmp_path / "white.png"
+    cv2.imwrite(str(white), np.full((600, 600), 255, np.uint8))
+    page = tmp_path / "screenshot.png"
+    text = np.full((1080, 1920), 255, np.uint8)
+    for row in range(1, 26):
+        cv2.putText(text, "Results pending; see the attached radiology report.", (40, row * 40), cv2.FONT_HERSHEY_SIMPLEX, 1.0, 0, 2)
+    cv2.imwrite(str(page), text)
+    good = held_out_images(synthetic_data, 1)[0]
+    result = run_cli("predict", "--model", str(exported_run), "--json", str(white), str(good), str(page))
+    assert result.returncode == 1, result.stderr
+    document = json.loads(result.stdout)
+    check_schema(document)
+    assert [entry.get("reason") for entry in document] == ["near-uniform", None, "text-or-noise"]
+    assert document[0]["score"] == 0.0 and document[0]["limit"] == 24.0 and "label" in document[1]
+    plain = run_cli("predict", "--model", str(exported_run), str(white), str(good))
+    assert plain.stdout.splitlines()[0] == f"{white}: rejected: not a chest radiograph (near-uniform, score 0, limit 24)"
+
+
+def test_an_image_the_model_never_saw_the_like_of_is_rejected_by_its_embedding(exported_run, synthetic_data, tmp_path):
+    """Smooth blobs pass every cheap check (grainy enough, wide gray range) but are nothing like the training data."""
+    from covidxray.data import radiograph_gate
+    from covidxray.export.predict import predict_files
+
+    rng = np.random.default_rng(0)
+    blobs = cv2.normalize(cv2.GaussianBlur(rng.normal(0, 1, (256, 256)), (0, 0), 4), None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
+    assert radiograph_gate.check(blobs).passed
+    cv2.imwrite(str(tmp_path / "blobs.png"), blobs)
+    good = held_out_images(synthetic_data, 20)
+    results = predict_files([tmp_path / "blobs.png", *good], exported_run / "model-float32.tflite")
+    assert results[0]["reason"] == "out-of-distribution" and results[0]["score"] > results[0]["limit"]
+    assert all("label" in r for r in results[1:]), [r for r in results[1:] if "label" not in r]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from covidxray.data import dedup, preprocess
+from covidxray.data import dedup, preprocess, radiograph_gate
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS images (
     path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER,
@@ -48,7 +48,7 @@ class Decoded:
 
 
 def cache_path(data_dir: Path, image_size: int) -> Path:
-    definition = json.dumps([preprocess.PREPROCESSING, dedup.HASH_VERSION], sort_keys=True)
+    definition = json.dumps([preprocess.PREPROCESSING, dedup.HASH_VERSION, radiograph_gate.GATE_VERSION], sort_keys=True)
     tag = hashlib.sha256(definition.encode()).hexdigest()[:12]
     return Path(data_dir) / "cache" / f"decoded-{image_size}px-{tag}.sqlite"
 
@@ -70,6 +70,7 @@ def decode_one(job: tuple[str, int]) -> tuple[str, bytes | None, Decoded]:
     path, size = job
     try:
         gray = preprocess.load_gray(path)
+        radiograph_gate.require_radiograph(gray, path)
         small = preprocess.resize_square(gray, size)
         thumb_source = small if size >= dedup.PHASH_INPUT else gray
         return path, preprocess.encode_png(small), Decoded(dedup.pixel_digest(gray), dedup.perceptual_hash(thumb_source))

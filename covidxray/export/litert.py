@@ -2,8 +2,10 @@
 
 This is what runs on a Pi: it imports `ai_edge_litert` and numpy, never
 TensorFlow. The sidecar JSON beside each .tflite carries labels, input size,
-preprocessing and the training manifest hash, so a model file and its sidecar
-are all `predict` needs.
+preprocessing, the training manifest hash, the temperature and the
+out-of-distribution fit, so a model file and its sidecar are all `predict`
+needs. The sidecar is checked against the model before any probability is
+shown: a mislabelled probability is worse than no answer.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from covidxray.errors import UserError
+from covidxray.export.calibration import apply_temperature
 from covidxray.export.native_stderr import native_stderr_to
+from covidxray.export.ood import OodModel
 
 DEFAULT_FORMAT = "float32"
+EMBEDDING_OUTPUT = "embedding"  # the second output's signature name (covidxray/export/tflite.py)
 
 
 def sidecar_path(model_path: Path) -> Path:
@@ -37,6 +42,38 @@ def resolve_model(model: Path, fmt: str | None = None) -> Path:
     return model
 
 
+def _sidecar_problem(card, num_classes: int, input_shape: list[int], embedding_dim: int | None) -> str | None:
+    """What makes `card` unusable with this model, or None. Checked before any probability is shown."""
+    if not isinstance(card, dict):
+        return f"holds a JSON {type(card).__name__}, not an object"
+    missing = [key for key in ("labels", "image_size") if key not in card]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    labels, size = card["labels"], card["image_size"]
+    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) and x for x in labels) or len(set(labels)) != len(labels):
+        return f"labels must be a list of distinct names, got {labels!r}"
+    if len(labels) != num_classes:
+        return f"lists {len(labels)} labels ({', '.join(labels)}) but the model has {num_classes} outputs"
+    if isinstance(size, bool) or not isinstance(size, int) or [1, size, size, 1] != input_shape:
+        return f"says image_size {size!r} but the model takes input {input_shape}"
+    temperature = card.get("temperature", {"value": 1.0})
+    value = temperature.get("value") if isinstance(temperature, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+        return f"temperature must be an object with a positive value, got {temperature!r}"
+    if "ood" in card:
+        ood = card["ood"]
+        if embedding_dim is None:
+            return "has an out-of-distribution section but the model has no `embedding` output"
+        try:
+            OodModel.from_sidecar(ood)
+            dim, classes = int(ood["dim"]), int(ood["classes"])
+        except (TypeError, KeyError, ValueError) as err:
+            return f"out-of-distribution section is damaged ({type(err).__name__}: {err})"
+        if dim != embedding_dim or classes > num_classes:
+            return f"out-of-distribution section is for {dim}-d embeddings and {classes} classes; the model gives {embedding_dim}-d and {num_classes}"
+    return None
+
+
 class TFLiteClassifier:
     def __init__(self, model_path: str | Path, threads: int = 1, card: dict | None = None):
         """`card` is the sidecar's content when the caller has it in hand (export, before writing it)."""
@@ -45,30 +82,51 @@ class TFLiteClassifier:
         self.path = Path(model_path)
         if not self.path.is_file():
             raise UserError(f"model {self.path} not found: run `covidxray export` first (or point --model at a .tflite or run directory)")
-        self.card = card if card is not None else self._read_card()
+        card = card if card is not None else self._read_card()
         flatbuffer = self.path.read_bytes()
-        expected = self.card.get("tflite_sha256")
+        expected = card.get("tflite_sha256") if isinstance(card, dict) else None
         if expected and hashlib.sha256(flatbuffer).hexdigest() != expected:
             raise UserError(f"{self.path} does not match its sidecar {sidecar_path(self.path).name} (sha256 differs): copy both files from the same export")
-        self.labels: list[str] = self.card["labels"]
-        self.image_size: int = int(self.card["image_size"])
         with native_stderr_to(None):  # the XNNPACK banner
             self.interpreter = Interpreter(model_content=flatbuffer, num_threads=threads)
             self.interpreter.allocate_tensors()
         self.input = self.interpreter.get_input_details()[0]
-        self.output = self.interpreter.get_output_details()[0]
-        expected_shape = [1, self.image_size, self.image_size, 1]
-        if list(self.input["shape"]) != expected_shape:
-            raise UserError(f"{self.path} takes input {list(self.input['shape'])} but its sidecar says {expected_shape}")
+        outputs = self._named_outputs()
+        self.output = outputs.get("probabilities", self.interpreter.get_output_details()[0])
+        self.embedding_output = outputs.get(EMBEDDING_OUTPUT)
+        embedding_dim = int(self.embedding_output["shape"][-1]) if self.embedding_output else None
+        problem = _sidecar_problem(card, int(self.output["shape"][-1]), list(self.input["shape"]), embedding_dim)
+        if problem:
+            raise UserError(f"sidecar {sidecar_path(self.path)} {problem}: copy the sidecar written by the same `covidxray export` as {self.path.name}, or export again")
+        self.card = card
+        self.labels: list[str] = card["labels"]
+        self.image_size: int = int(card["image_size"])
+        self.temperature = float(card.get("temperature", {}).get("value", 1.0))
+        self.ood = OodModel.from_sidecar(card["ood"]) if "ood" in card else None
 
-    def _read_card(self) -> dict:
+    def _named_outputs(self) -> dict[str, dict]:
+        """Outputs by their signature name (`probabilities`, `embedding`); {} for an unnamed single output."""
+        signatures = self.interpreter.get_signature_list()
+        if len(signatures) != 1:
+            return {}
+        runner = self.interpreter.get_signature_runner(next(iter(signatures)))
+        return dict(runner.get_output_details())
+
+    def _read_card(self):
         card = sidecar_path(self.path)
         if not card.is_file():
             raise UserError(f"{card} missing: a .tflite needs the sidecar JSON `covidxray export` writes beside it")
         try:
             return json.loads(card.read_text())
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise UserError(f"{card}: not valid JSON ({err}); copy it again from the export") from None
+
+    @property
+    def probability_floor(self) -> float:
+        """The smallest probability the output can tell from zero: half an int8 step, else float32 resolution."""
+        if self.output["dtype"] == np.float32:
+            return 1e-7
+        return self.output["quantization"][0] / 2
 
     def _quantize(self, batch: np.ndarray) -> np.ndarray:
         dtype = self.input["dtype"]
@@ -78,17 +136,36 @@ class TFLiteClassifier:
         info = np.iinfo(dtype)
         return np.clip(np.round(batch / scale + zero), info.min, info.max).astype(dtype)
 
-    def _dequantize(self, raw: np.ndarray) -> np.ndarray:
-        if self.output["dtype"] == np.float32:
+    def _dequantize(self, raw: np.ndarray, details: dict) -> np.ndarray:
+        if details["dtype"] == np.float32:
             return raw
-        scale, zero = self.output["quantization"]
+        scale, zero = details["quantization"]
         return (raw.astype(np.float32) - zero) * scale
 
-    def predict_one(self, image: np.ndarray) -> np.ndarray:
-        """(size, size, 1) float32 gray 0..255 -> class probabilities."""
+    def infer(self, image: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(size, size, 1) float32 gray 0..255 -> (the model's own probabilities, embedding or None)."""
         self.interpreter.set_tensor(self.input["index"], self._quantize(image[None]))
         self.interpreter.invoke()
-        return self._dequantize(self.interpreter.get_tensor(self.output["index"]))[0]
+        probabilities = self._dequantize(self.interpreter.get_tensor(self.output["index"]), self.output)[0]
+        if self.embedding_output is None:
+            return probabilities, None
+        return probabilities, self._dequantize(self.interpreter.get_tensor(self.embedding_output["index"]), self.embedding_output)[0]
+
+    def calibrated(self, probabilities: np.ndarray) -> np.ndarray:
+        """The sidecar's temperature applied (a model exported without one keeps its own probabilities)."""
+        if self.temperature == 1.0:
+            return probabilities
+        return apply_temperature(probabilities, self.temperature, self.probability_floor).astype(np.float32)
+
+    def predict_one(self, image: np.ndarray) -> np.ndarray:
+        """(size, size, 1) float32 gray 0..255 -> calibrated class probabilities."""
+        return self.calibrated(self.infer(image)[0])
 
     def predict(self, images: np.ndarray) -> np.ndarray:
         return np.stack([self.predict_one(image) for image in images])
+
+    def ood_distance(self, embedding: np.ndarray | None) -> float | None:
+        """Distance of one embedding from the training data (reject above `self.ood.threshold`); None without a fit."""
+        if self.ood is None or embedding is None:
+            return None
+        return float(self.ood.distances(embedding[None])[0])

@@ -1,6 +1,9 @@
 """`covidxray predict`: files and folders in, one result (or one error) per file out.
 
-A bad file never stops the others; its entry carries the error instead. No
+A bad file never stops the others; its entry carries the error instead. An
+image that is not a chest radiograph gets `rejected` instead of a class: by
+the cheap checks of covidxray/data/radiograph_gate.py, or because its
+embedding lies beyond the out-of-distribution threshold in the sidecar. No
 TensorFlow here: only `--explain` (Grad-CAM on the Keras model) loads it.
 """
 
@@ -11,12 +14,15 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from covidxray.data import radiograph_gate
 from covidxray.data.preprocess import IMAGE_SUFFIXES, PREPROCESSING, ImageError, as_model_input, is_dicom, load_gray
 from covidxray.errors import UserError
 from covidxray.export.litert import TFLiteClassifier
 
 # (source file, decoded gray image, model input, class index) -> written overlay
 Explainer = Callable[[Path, np.ndarray, np.ndarray, int], Path]
+REJECTED = "not a chest radiograph"
+OOD_REASON = "out-of-distribution"
 
 
 def _is_input_file(path: Path) -> bool:
@@ -37,6 +43,10 @@ def expand_inputs(paths: list[Path]) -> list[Path]:
     return files
 
 
+def _rejected(path: Path, reason: str, score: float, limit: float) -> dict:
+    return {"file": str(path), "rejected": REJECTED, "reason": reason, "score": float(score), "limit": float(limit)}
+
+
 def predict_path(path: Path, classifier: TFLiteClassifier, explain: Optional[Explainer] = None) -> dict:
     try:
         if path.is_dir():
@@ -44,8 +54,17 @@ def predict_path(path: Path, classifier: TFLiteClassifier, explain: Optional[Exp
         gray = load_gray(path)
     except ImageError as err:
         return {"file": str(path), "error": err.detail, "reason": err.reason}
+    except Exception as err:  # a malformed file (WindowCenter "abc", a broken VOI LUT sequence, ...) is that file's problem only
+        return {"file": str(path), "error": f"cannot decode ({type(err).__name__}: {' '.join(str(err).split())})", "reason": "unreadable"}
+    gate = radiograph_gate.check(gray)
+    if not gate.passed:
+        return _rejected(path, gate.reason, gate.score, gate.limit)
     image = as_model_input(gray, classifier.image_size)
-    probs = classifier.predict_one(image)
+    raw, embedding = classifier.infer(image)
+    distance = classifier.ood_distance(embedding)
+    if distance is not None and distance > classifier.ood.threshold:
+        return _rejected(path, OOD_REASON, distance, classifier.ood.threshold)
+    probs = classifier.calibrated(raw)
     best = int(probs.argmax())
     result = {
         "file": str(path),

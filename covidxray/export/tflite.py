@@ -1,9 +1,13 @@
 """`covidxray export`: Keras model -> SavedModel -> TFLite (float32, float16, int8) with a parity report.
 
 The SavedModel in `run_dir/saved_model/` is the converter's input and a
-deployable artifact in its own right (TF Serving, other converters). Parity is
-measured on the test split with the LiteRT interpreter that will run on the
-board, against the Keras model that produced it.
+deployable artifact in its own right (TF Serving, other converters). It has two
+named outputs: `probabilities` and `embedding` (the penultimate features, for
+the out-of-distribution score). Per format, through the LiteRT interpreter
+that will run on the board: the temperature and the out-of-distribution
+threshold are fitted on the val split (the OOD means and covariance on train)
+and stored in the sidecar, then parity is measured on the test split, with the
+calibrated probabilities predict will show, against the Keras model.
 """
 
 from __future__ import annotations
@@ -11,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import itertools
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -22,8 +27,10 @@ from covidxray.config import Config
 from covidxray.data.prepare import load_manifest, manifest_sha256, shard_paths
 from covidxray.data.tfrecord import read_records
 from covidxray.errors import UserError
+from covidxray.export import ood
 from covidxray.export.c_array import write_c_array
-from covidxray.export.litert import TFLiteClassifier, sidecar_path, tflite_name
+from covidxray.export.calibration import calibration_summary
+from covidxray.export.litert import EMBEDDING_OUTPUT, TFLiteClassifier, sidecar_path, tflite_name
 from covidxray.export.native_stderr import native_stderr_to
 from covidxray.train.trainer import MODEL_CARD, MODEL_FILE, write_json
 
@@ -33,13 +40,16 @@ REPORT_FILE = "export_report.json"
 CONVERTER_LOG = "export_converter.log"
 
 
+def iter_split(data_dir: Path, split: str) -> Iterator[tuple[np.ndarray, int]]:
+    for record in read_records(shard_paths(data_dir, split)):
+        yield record["image"].astype(np.float32), record["label"]
+
+
 def load_split(data_dir: Path, split: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     images, labels = [], []
-    for i, record in enumerate(read_records(shard_paths(data_dir, split))):
-        if limit is not None and i >= limit:
-            break
-        images.append(record["image"].astype(np.float32))
-        labels.append(record["label"])
+    for image, label in itertools.islice(iter_split(data_dir, split), limit):
+        images.append(image)
+        labels.append(label)
     if not images:
         raise UserError(f"{data_dir}: the {split} split is empty; export needs it (test for parity, train for int8 calibration)")
     return np.stack(images), np.array(labels)
@@ -50,6 +60,41 @@ def check_formats(formats: list[str]) -> list[str]:
     if unknown or not formats:
         raise UserError(f"export formats {formats}: choose one or more of {', '.join(FORMATS)}")
     return list(dict.fromkeys(formats))  # keep order, drop repeats
+
+
+def with_embedding(model: tf.keras.Model) -> tf.keras.Model:
+    """The served graph: the model's probabilities plus the input of its last layer, named `embedding`.
+
+    Every registered model ends in a Dense layer named `probabilities`; what feeds it (after
+    dropout, an identity at inference) is the penultimate feature vector.
+    """
+    names = [layer.name for layer in model.layers]
+    head = model.get_layer("probabilities") if "probabilities" in names else model.layers[-1]
+    embedding = tf.keras.layers.Activation("linear", name=EMBEDDING_OUTPUT)(head.input)
+    return tf.keras.Model(model.inputs, [model.output, embedding], name=model.name)
+
+
+def _run_split(classifier: TFLiteClassifier, data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The model's own (uncalibrated) probabilities, embeddings and labels over a split, one image at a time."""
+    probabilities, embeddings, labels = [], [], []
+    for image, label in iter_split(data_dir, split):
+        probs, embedding = classifier.infer(image)
+        probabilities.append(probs)
+        embeddings.append(embedding)
+        labels.append(label)
+    return np.array(probabilities), np.array(embeddings), np.array(labels, dtype=np.int64)
+
+
+def fit_calibration_and_ood(classifier: TFLiteClassifier, data_dir: Path, margin: float) -> dict:
+    """Sidecar entries `temperature` (fitted on val) and `ood` (train statistics, threshold on val)."""
+    val_probs, val_embeddings, val_labels = _run_split(classifier, data_dir, "val")
+    if not len(val_labels):
+        raise UserError(f"{data_dir}: the val split is empty; export fits the temperature and the out-of-distribution threshold on it (prepare with data.val_fraction > 0)")
+    _, train_embeddings, train_labels = _run_split(classifier, data_dir, "train")
+    return {
+        "temperature": calibration_summary(val_probs, val_labels, classifier.probability_floor),
+        "ood": ood.fit_with_threshold(train_embeddings, train_labels, val_embeddings, len(classifier.labels), margin),
+    }
 
 
 def write_saved_model(model: tf.keras.Model, run_dir: Path) -> Path:
@@ -115,7 +160,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     log = run_dir / CONVERTER_LOG
     log.unlink(missing_ok=True)
     with native_stderr_to(log):
-        saved_model = write_saved_model(model, run_dir)
+        saved_model = write_saved_model(with_embedding(model), run_dir)
     say(f"SavedModel: {saved_model}")
 
     report = {
@@ -132,12 +177,19 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         out = run_dir / tflite_name(fmt)
         _write_atomic(out, flatbuffer)
         sidecar = {**card, "format": fmt, "tflite_sha256": hashlib.sha256(flatbuffer).hexdigest(), "keras_model": MODEL_FILE}
-        lite_pred = TFLiteClassifier(out, card=sidecar).predict(test_images).argmax(1)
+        sidecar.update(fit_calibration_and_ood(TFLiteClassifier(out, card=sidecar), data_dir, config.export.ood_margin))
+        classifier = TFLiteClassifier(out, card=sidecar)  # calibrated, as predict will run it
+        lite_probs, test_embeddings = zip(*(classifier.infer(image) for image in test_images))
+        lite_pred = classifier.calibrated(np.array(lite_probs)).argmax(1)
         entry = {
             "file": out.name,
             "bytes": len(flatbuffer),
             "agreement": float((lite_pred == keras_pred).mean()),
             "accuracy": float((lite_pred == test_labels).mean()),
+            "temperature": sidecar["temperature"]["value"],
+            "val_ece_before_after": [sidecar["temperature"]["ece_before"], sidecar["temperature"]["ece_after"]],
+            "ood_threshold": sidecar["ood"]["threshold"],
+            "test_over_ood_threshold": float((classifier.ood.distances(np.array(test_embeddings)) > classifier.ood.threshold).mean()),
         }
         entry["accuracy_delta"] = entry["accuracy"] - report["keras"]["accuracy"]
         sidecar["parity"] = {"test_images": len(test_labels), **{k: entry[k] for k in ("agreement", "accuracy", "accuracy_delta")}}
@@ -148,7 +200,9 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         report[fmt] = entry
         say(
             f"{fmt}: {out} {entry['bytes'] / 1e6:.2f} MB, agreement with Keras {entry['agreement']:.2%}, "
-            f"accuracy {entry['accuracy']:.2%} ({entry['accuracy_delta']:+.2%})"
+            f"accuracy {entry['accuracy']:.2%} ({entry['accuracy_delta']:+.2%}), temperature {entry['temperature']:.3f} "
+            f"(val ECE {entry['val_ece_before_after'][0]:.3f} -> {entry['val_ece_before_after'][1]:.3f}), "
+            f"test images beyond the out-of-distribution threshold {entry['test_over_ood_threshold']:.2%}"
         )
     write_json(run_dir / REPORT_FILE, report)
     if not report.get("int8", {}).get("meets_bar", True):

@@ -1,0 +1,103 @@
+"""Issue 14: the cheap "is this a chest radiograph" checks, on generated non-radiographs and on real radiographs."""
+
+from __future__ import annotations
+
+import json
+
+import cv2
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from covidxray.data import radiograph_gate
+from covidxray.data.preprocess import load_gray
+
+
+def text_page(width: int = 1240, height: int = 1754, background: int = 255, ink: int = 0) -> np.ndarray:
+    page = np.full((height, width), background, np.uint8)
+    for row in range(1, height // 40):
+        cv2.putText(page, "The patient was seen on the ward; chest film to follow.", (30, row * 40), cv2.FONT_HERSHEY_SIMPLEX, 1.0, ink, 2, cv2.LINE_AA)
+    return page
+
+
+def non_radiographs() -> dict[str, tuple[np.ndarray, str]]:
+    """name -> (image, the reasons a person would give for refusing it, '|'-separated)."""
+    rng = np.random.default_rng(0)
+    checker = (np.indices((512, 512)).sum(axis=0) // 64 % 2 * 255).astype(np.uint8)
+    return {
+        "all white": (np.full((800, 800), 255, np.uint8), "near-uniform"),
+        "all black": (np.zeros((800, 600), np.uint8), "near-uniform"),
+        "near-constant gray": (np.clip(128 + rng.normal(0, 2, (512, 512)), 0, 255).astype(np.uint8), "near-uniform"),
+        "16 x 4000 noise strip": (rng.integers(0, 256, (16, 4000), dtype=np.uint8), "too-small|extreme-aspect"),
+        "whole-body strip 1024 x 256": (cv2.resize(rng.integers(0, 256, (8, 4), dtype=np.uint8), (256, 1024)), "extreme-aspect"),
+        "checkerboard": (checker, "few-gray-levels"),
+        "uniform noise": (rng.integers(0, 256, (512, 512), dtype=np.uint8), "text-or-noise"),
+        "25 px face-sized thumbnail": (cv2.resize(rng.integers(0, 256, (5, 5), dtype=np.uint8), (25, 25)), "too-small"),
+        "linear gradient": (np.tile(np.linspace(0, 255, 512), (512, 1)).astype(np.uint8), "too-smooth"),
+        "document page": (text_page(), "few-gray-levels|text-or-noise"),
+        "terminal screenshot": (text_page(1920, 1080, background=20, ink=220), "few-gray-levels|text-or-noise"),
+    }
+
+
+@pytest.mark.parametrize("name", list(non_radiographs()))
+def test_non_radiographs_are_rejected_for_the_right_reason(name):
+    image, reasons = non_radiographs()[name]
+    result = radiograph_gate.check(image)
+    assert result.reason in reasons.split("|"), (name, radiograph_gate.features(image))
+    assert result.detail.startswith("not a chest radiograph")
+
+
+def test_the_first_failing_check_names_its_feature_value():
+    image = np.full((300, 300), 200, np.uint8)
+    image[:2] = 0  # a black band on 0.7% of the pixels: below the 1st percentile, so the spread is 0
+    result = radiograph_gate.check(image)
+    assert (result.reason, result.score, result.limit) == ("near-uniform", 0.0, 24.0)
+
+
+def real_radiographs(shared) -> list:
+    """Every real radiograph of the small sets and every 10th of the 5,856 Kaggle images (all of them: scripts/bench_gate.py)."""
+    kaggle = sorted((shared / "chest-xray-pneumonia-224").rglob("*.jpeg"))[::10]
+    others = [p for folder in ("chest-xray-pneumonia-originals", "covid19-talo-sample") for p in sorted((shared / folder).rglob("*")) if p.suffix.lower() in (".jpeg", ".jpg", ".png")]
+    ieee = shared / "covid-chestxray-sample" / "covid-chestxray-dataset"
+    import csv
+
+    with open(ieee / "metadata.csv", newline="") as handle:
+        xrays = [ieee / "images" / row["filename"] for row in csv.DictReader(handle) if row["modality"] == "X-ray"]
+    dicom = [p for p in sorted((shared / "dicom").iterdir()) if not p.name.startswith("CT")]
+    return kaggle + others + [p for p in xrays if p.is_file()] + dicom
+
+
+def test_real_radiographs_all_pass(shared_data):
+    from covidxray.data.preprocess import ImageError
+
+    checked, rejected = 0, []
+    for path in real_radiographs(shared_data):
+        try:
+            gray = load_gray(path)
+        except ImageError:
+            continue  # not decodable here (a JPEG-LS codec, a colour figure): not the gate's call
+        checked += 1
+        result = radiograph_gate.check(gray)
+        if not result.passed:
+            rejected.append((path.name, result.reason, result.score))
+    assert checked > 700 and rejected == []
+
+
+def test_prepare_drops_non_radiographs_with_a_counted_reason(shared_data, tmp_path):
+    import shutil
+
+    source = tmp_path / "talo"
+    shutil.copytree(shared_data / "covid19-talo-sample", source)
+    folder = source / "X-Ray Image DataSet" / "No_findings"
+    kept = len(list(folder.iterdir()))
+    cv2.imwrite(str(folder / "00099999_000.png"), np.full((1024, 1024), 255, np.uint8))
+    cv2.imwrite(str(folder / "00099998_000.png"), text_page())
+    data_dir = tmp_path / "data"
+    result = run_cli("prepare", "--source", "covid19-talo", "--from", str(source), "--data-dir", str(data_dir), "--image-size", "64")
+    assert result.returncode == 0, result.stderr[-2000:]
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    assert manifest["dropped"].get("covid19-talo: image not-radiograph") == 2, manifest["dropped"]
+    assert sum(info["classes"].get("normal", 0) for info in manifest["splits"].values()) == kept
+    dropped = (data_dir / "dropped.csv").read_text()
+    assert "00099999_000.png: not a chest radiograph" in dropped and "(near-uniform)" in dropped
+    assert "00099998_000.png: not a chest radiograph" in dropped and "(text-or-noise)" in dropped
