@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from covidxray.export import ood
-from covidxray.export.calibration import _expected_calibration_error, apply_temperature, fit_temperature
+from covidxray.export.calibration import apply_temperature, fit_temperature
+from covidxray.train.metrics import expected_calibration_error
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -46,7 +47,7 @@ def test_temperature_scaling_lowers_ece_on_held_out_overconfident_predictions():
     temperature = fit_temperature(fit_on, fit_labels, floor=1e-7)
     before, after = ece_oracle(labels, held_out), ece_oracle(labels, apply_temperature(held_out, temperature, 1e-7))
     assert before > 0.1 and after < before / 3
-    assert _expected_calibration_error(labels, held_out) == pytest.approx(before)
+    assert expected_calibration_error(labels, held_out) == pytest.approx(before)
 
 
 def test_temperature_keeps_the_class_and_one_is_the_identity():

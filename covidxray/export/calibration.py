@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from covidxray.train.metrics import expected_calibration_error
+
 # The search range for T: wide enough for any real model (a model that needs T beyond it is broken).
 LOG_T_BOUNDS = (np.log(0.05), np.log(20.0))
-ECE_BINS = 15
 
 
 def apply_temperature(probabilities: np.ndarray, temperature: float, floor: float) -> np.ndarray:
@@ -45,22 +46,6 @@ def fit_temperature(probabilities: np.ndarray, labels: np.ndarray, floor: float)
     return float(np.exp(found.x))
 
 
-def _expected_calibration_error(labels: np.ndarray, probabilities: np.ndarray, bins: int = ECE_BINS) -> float:
-    """Top-1 ECE: sum over equal-width confidence bins of (bin share) x |accuracy - mean confidence|.
-
-    Private stand-in until covidxray.train.metrics carries the shared one (issue 12).
-    """
-    confidence = probabilities.max(axis=1)
-    correct = probabilities.argmax(axis=1) == np.asarray(labels)
-    which = np.clip(np.ceil(confidence * bins).astype(int) - 1, 0, bins - 1)  # bins (k/B, (k+1)/B]
-    total = 0.0
-    for b in range(bins):
-        members = which == b
-        if members.any():
-            total += members.mean() * abs(correct[members].mean() - confidence[members].mean())
-    return float(total)
-
-
 def calibration_summary(probabilities: np.ndarray, labels: np.ndarray, floor: float) -> dict:
     """Fit T and say what it changed on the data it was fitted on (for the sidecar and the export report)."""
     temperature = fit_temperature(probabilities, labels, floor)
@@ -71,6 +56,6 @@ def calibration_summary(probabilities: np.ndarray, labels: np.ndarray, floor: fl
         "images": int(len(labels)),
         "nll_before": negative_log_likelihood(np.maximum(probabilities, floor), labels),
         "nll_after": negative_log_likelihood(scaled, labels),
-        "ece_before": _expected_calibration_error(labels, probabilities),
-        "ece_after": _expected_calibration_error(labels, scaled),
+        "ece_before": expected_calibration_error(labels, probabilities),
+        "ece_after": expected_calibration_error(labels, scaled),
     }
