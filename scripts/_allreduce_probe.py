@@ -25,21 +25,18 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-WARMUP = 3
-
-
-def time_allreduce(hvd, tensors: list, steps: int, compression) -> list[float]:
-    """Seconds of each timed `grouped_allreduce` of `tensors` (after WARMUP untimed calls)."""
+def time_allreduce(hvd, tensors: list, steps: int, compression, warmup: int = 3) -> list[float]:
+    """Seconds of each timed `grouped_allreduce` of `tensors` (after `warmup` untimed calls)."""
     import tensorflow as tf
 
     line_up = tf.zeros([1])
     seconds = []
-    for step in range(WARMUP + steps):
+    for step in range(warmup + steps):
         hvd.allreduce(line_up).numpy()
         started = time.perf_counter()
         reduced = hvd.grouped_allreduce(tensors, op=hvd.Average, compression=compression)
         reduced[-1].numpy()
-        if step >= WARMUP:
+        if step >= warmup:
             seconds.append(time.perf_counter() - started)
     return seconds
 
@@ -52,6 +49,7 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--classes", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed calls before the timed ones")
     parser.add_argument("--compression", choices=("none", "fp16"), default="none")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -68,7 +66,7 @@ def main() -> None:
         report["sizes"] = []
         for size_mib in args.sizes_mib:
             tensor = tf.random.normal([int(size_mib * 2**20) // 4])
-            report["sizes"].append({"bytes": int(tensor.shape.num_elements()) * 4, "seconds": time_allreduce(hvd, [tensor], args.steps, compression)})
+            report["sizes"].append({"bytes": int(tensor.shape.num_elements()) * 4, "seconds": time_allreduce(hvd, [tensor], args.steps, compression, args.warmup)})
     else:
         from covidxray.train.models import build_model
 
@@ -78,7 +76,7 @@ def main() -> None:
             "tensors": len(gradients),
             "parameters": int(sum(int(g.shape.num_elements()) for g in gradients)),
             "bytes": int(sum(int(g.shape.num_elements()) * g.dtype.size for g in gradients)),
-            "seconds": time_allreduce(hvd, gradients, args.steps, compression),
+            "seconds": time_allreduce(hvd, gradients, args.steps, compression, args.warmup),
         })
     if world.is_root:
         args.out.write_text(json.dumps(report))
