@@ -145,3 +145,26 @@ def test_doctor_names_a_changed_or_missing_shard(synthetic_data, tmp_path):
     report = check_shards(copy)
     assert report["sha256_mismatch"] == [changed] and report["missing"] == [removed]
     assert diagnose(copy)["ok"] is False  # so `covidxray doctor` exits non-zero
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compression", ["none", "fp16"])
+def test_gradient_compression_and_fusion_settings_reach_horovod(compression):
+    """The averaged gradient is rounded exactly as float16 arithmetic rounds it, and only with fp16 compression."""
+    import numpy as np
+
+    probe = [str(VENV_BIN / "python"), str(REPO / "tests" / "compression_probe.py"), compression, "16", "2.5"]
+    result = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", *probe], capture_output=True, text=True, timeout=300, env=ENV)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    report = json.loads(next(line.split(">:", 1)[1] for line in result.stdout.splitlines() if line.startswith("[0]<stdout>:{")))
+    gradients = np.array([1.0001, 1.0003], np.float32)  # tests/compression_probe.py X
+    if compression == "fp16":
+        halves = gradients.astype(np.float16)
+        expected = float((halves[0] + halves[1]) / np.float16(2))
+    else:
+        expected = float(gradients.mean())
+    assert report["size"] == 2
+    assert report["weight"] == pytest.approx(-expected, rel=1e-6, abs=1e-7)
+    if compression == "fp16":
+        assert report["weight"] != pytest.approx(-float(gradients.mean()), abs=1e-5)  # float32 would not round it away
+    assert report["environment"] == {"HOROVOD_FUSION_THRESHOLD": str(16 * 2**20), "HOROVOD_CYCLE_TIME": "2.5"}
