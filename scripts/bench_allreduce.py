@@ -81,12 +81,12 @@ def in_namespace(namespace: str, code: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True)
 
 
-def link_check(cluster: dict, seconds: float) -> dict:
-    """Payload throughput of one TCP stream and the median 1-byte round trip, board 1 -> board 2."""
-    target = f"{cluster['SUBNET']}.12"
-    receiver = in_namespace(f"{CLUSTER_NAME}-b2", _RECEIVER, target)
+def link_check(name: str, subnet: str, seconds: float) -> dict:
+    """Payload throughput of one TCP stream and the median 1-byte round trip, board 1 -> board 2 of cluster `name`."""
+    target = f"{subnet}.12"
+    receiver = in_namespace(f"{name}-b2", _RECEIVER, target)
     time.sleep(1.0)
-    sender = in_namespace(f"{CLUSTER_NAME}-b1", _SENDER, target, str(seconds))
+    sender = in_namespace(f"{name}-b1", _SENDER, target, str(seconds))
     rtt = float(sender.communicate(timeout=120)[0])
     payload = float(receiver.communicate(timeout=120)[0])
     return {"tcp_payload_mbit_per_s": payload * 8 / 1e6, "tcp_rtt_s": rtt}
@@ -185,7 +185,7 @@ def main() -> None:
         netcluster("up", "-n", str(max(args.ranks)), "--line-mbit", str(line_mbit))
         try:
             cluster = state()
-            link = link_check(cluster, args.link_seconds)
+            link = link_check(CLUSTER_NAME, cluster["SUBNET"], args.link_seconds)
             jobs = {ranks: allreduce_job(cluster, ranks, sizes, args.repeats, "none", args.workdir) for ranks in args.ranks}
             fp16 = allreduce_job(cluster, max(args.ranks), sizes, args.repeats, "fp16", args.workdir)
         finally:

@@ -210,9 +210,13 @@ case $action in
   run)
     up
     trap 'down' EXIT
-    trap 'exit 130' INT
-    trap 'exit 143' TERM
-    in_launcher
+    # In the background, because bash runs a trap only once its foreground command has finished: `wait` returns
+    # at once on a signal, the trap stops the command, and the EXIT trap removes the cluster.
+    in_launcher &
+    child=$!
+    trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 130' INT
+    trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 143' TERM
+    wait "$child"
     ;;
   status)
     namespaces=$(our_namespaces)
