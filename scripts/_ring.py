@@ -41,6 +41,9 @@ def fit(points: list[tuple[int, float, float]]) -> dict:
     seconds = np.array([p[2] for p in points], float)
     design = np.stack([2 * (ranks - 1) / ranks * sizes, 2 * (ranks - 1)], axis=1) / seconds[:, None]
     (inverse_bandwidth, latency), *_ = np.linalg.lstsq(design, np.ones_like(seconds), rcond=None)
+    if latency < 0:  # noise on a latency too small to see: a negative cost per step is not physical, so L = 0
+        latency = 0.0
+        (inverse_bandwidth,), *_ = np.linalg.lstsq(design[:, :1], np.ones_like(seconds), rcond=None)
     bandwidth = 1 / inverse_bandwidth
     predicted = np.array([ring_seconds(int(n), s, bandwidth, latency) for n, s in zip(ranks, sizes)])
     residuals = (seconds - predicted) / predicted

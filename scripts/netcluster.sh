@@ -15,10 +15,11 @@
 # built so far when it fails or is interrupted; `run` tears the cluster down on exit, Ctrl-C or SIGTERM.
 #
 # Shaping, per board port and per direction (the board's egress on its eth0, its ingress on the bridge side):
-# netem adds --delay-us one-way (a Pi 4 through a gigabit switch pings in ~0.2 ms, i.e. 50 us per port and
-# direction plus the stack), and tbf limits the rate to the line rate less Ethernet's preamble, FCS and
-# inter-frame gap (24 of every 1538 bytes on the wire, which tc does not see), so a TCP stream carries
-# 1448/1538 of the line rate as payload: 941 Mbit/s at 1000 Mbit/s, 94 Mbit/s at 100 Mbit/s (a cheap switch).
+# tbf limits the rate to the line rate less Ethernet's preamble, FCS and inter-frame gap (24 of every 1538
+# bytes on the wire, which tc does not see), so a TCP stream carries 1448/1538 of the line rate as payload:
+# 941 Mbit/s at 1000 Mbit/s, 94 Mbit/s at 100 Mbit/s (a cheap switch). netem adds --delay-us one way (a Pi 4
+# through a gigabit switch pings in ~0.2 ms: 50 us per port and direction plus the stack) when the kernel has
+# sch_netem; without it the links keep the stack's own latency (a few us), and `up` says so.
 #
 # After `up`, $STATE (/run/covidxray-netcluster-NAME) holds: hostfile (board addresses, slots=1), id_ed25519
 # (the client key every board accepts), bin/ssh (an ssh wrapper using the cluster's own known_hosts; put bin/

@@ -28,6 +28,13 @@ def test_fit_recovers_bandwidth_and_latency_from_noisy_ring_timings():
     assert fit["rms_residual"] == pytest.approx(0.02, abs=0.01) and len(fit["residuals"]) == len(points)
 
 
+def test_fit_keeps_latency_non_negative_when_bandwidth_explains_everything():
+    points = [(ranks, mib * 2**20, 2 * (ranks - 1) / ranks * mib * 2**20 / 11e6 * (1 - 0.01 * ranks)) for ranks in (2, 4, 8) for mib in (1, 4, 16, 64)]
+    fit = _ring.fit(points)  # unconstrained, these (faster at more ranks) would need a negative L
+    assert fit["latency_s"] == 0.0
+    assert fit["bandwidth_bytes_per_s"] == pytest.approx(11e6 / 0.955, rel=0.02)
+
+
 def test_floor_is_the_ring_at_the_ethernet_payload_rate():
     # 8 ranks, 128 MiB over 1 GbE: 2*7/8 of the bytes through each link at 1448/1538 of 125 MB/s
     assert _ring.floor_seconds(8, 128 * 2**20, 1000) == pytest.approx(1.75 * 134217728 / (125e6 * 1448 / 1538))
