@@ -50,6 +50,9 @@ class HorovodTuning:
     def record(self) -> dict:
         return {"gradient_compression": self.gradient_compression, "fusion_buffer_mb": self.fusion_buffer_mb, "cycle_time_ms": self.cycle_time_ms}
 
+    def compression(self, hvd):
+        return hvd.Compression.fp16 if self.gradient_compression == "fp16" else hvd.Compression.none
+
 
 def launched_by_horovod() -> bool:
     return any(v in os.environ for v in _LAUNCHER_VARIABLES)
@@ -131,8 +134,7 @@ class World:
     def distributed_optimizer(self, optimizer):
         if self.hvd is None:
             return optimizer
-        compression = self.hvd.Compression.fp16 if self.tuning.gradient_compression == "fp16" else self.hvd.Compression.none
-        return self.hvd.DistributedOptimizer(optimizer, compression=compression)
+        return self.hvd.DistributedOptimizer(optimizer, compression=self.tuning.compression(self.hvd))
 
     def callbacks(self, scaled_lr: float, warmup_epochs: int, steps_per_epoch: int) -> list:
         """Average metrics before any metric-driven callback; warm the LR up from lr to lr x size.
@@ -222,6 +224,23 @@ def init_world(tuning: HorovodTuning = HorovodTuning()) -> World:
     world = World(hvd=hvd, elastic=launched_elastic(), tuning=tuning)
     world.refresh()
     return world
+
+
+def standalone_gradient_averager(tuning: HorovodTuning) -> Callable[[list], list] | None:
+    """Horovod in this process alone, set up as `tuning` says: what averages gradients in covidxray.train.memory_probe.
+
+    `DistributedOptimizer` skips the allreduce in a 1-rank job, so the probe
+    calls `grouped_allreduce` itself: the same fused collective, which fills
+    Horovod's fusion buffer as a job's rank does. None when Horovod is not installed.
+    """
+    try:
+        hvd = _core()
+    except ImportError:
+        return None
+    os.environ.update(tuning.environment())
+    hvd.init()
+    compression = tuning.compression(hvd)
+    return lambda gradients: hvd.grouped_allreduce(gradients, op=hvd.Average, compression=compression)
 
 
 def _quietly(fn: Callable[[], Any]) -> Any:

@@ -44,7 +44,7 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
 
     from covidxray.config import load_config
     from covidxray.data.prepare import load_manifest, shard_paths
-    from covidxray.train.distributed import HorovodTuning, configure_threads
+    from covidxray.train.distributed import HorovodTuning, configure_threads, standalone_gradient_averager
     from covidxray.train.input import make_dataset
     from covidxray.train.models import build_model
 
@@ -53,17 +53,7 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     labels, image_size = manifest["labels"], int(manifest["image_size"])
     tuning = HorovodTuning(cfg.gradient_compression, cfg.fusion_buffer_mb, cfg.cycle_time_ms)
     configure_threads(1)
-    horovod = None
-    try:
-        os.environ.update(tuning.environment())
-        import horovod.tensorflow as horovod
-
-        horovod.init()
-    except ImportError:
-        horovod = None
-    compression = None
-    if horovod is not None:
-        compression = horovod.Compression.fp16 if cfg.gradient_compression == "fp16" else horovod.Compression.none
+    average = standalone_gradient_averager(tuning)
 
     model = build_model(cfg.model, image_size, len(labels), cfg.weights)
     optimizer = tf.keras.optimizers.Adam(cfg.learning_rate)
@@ -79,8 +69,8 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
         with tf.GradientTape() as tape:
             loss = loss_fn(one_hot, model(images, training=True))
         gradients = tape.gradient(loss, model.trainable_variables)
-        if horovod is not None:
-            gradients = horovod.grouped_allreduce(gradients, op=horovod.Average, compression=compression)
+        if average is not None:
+            gradients = average(gradients)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
 
@@ -93,7 +83,7 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     return {
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "model": cfg.model, "image_size": image_size, "batch_size": cfg.batch_size, "steps": steps,
-        "horovod": tuning.record() if horovod is not None else None,
+        "horovod": tuning.record() if average is not None else None,
     }
 
 
