@@ -156,13 +156,15 @@ def evaluate(
 
 @app.command()
 def doctor(
-    data_dir: Optional[Path] = typer.Option(None, help="Also check these shards against their manifest's sha256s."),
+    data_dir: Optional[Path] = typer.Option(None, help="Also check these shards against their manifest's sha256s, and measure a training rank's peak memory on them."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (to compare boards)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="The training config the memory check runs (model, batch, Horovod buffers); default: the built-in defaults."),
+    memory_probe: bool = typer.Option(True, "--memory-probe/--no-memory-probe", help="With --data-dir: run a few training steps to measure peak memory (\"fits this board\")."),
 ):
-    """What this board has: versions, Horovod build (controllers, ops), mpirun, cores, memory, disk, shard integrity."""
+    """What this board has: versions, Horovod build (controllers, ops), mpirun, cores, memory, disk, shard integrity, fits this board."""
     from covidxray.doctor import diagnose, render
 
-    report = run(lambda: diagnose(data_dir))
+    report = run(lambda: diagnose(data_dir, config, memory_probe))
     if as_json:
         print(json.dumps(report, indent=2))
     else:

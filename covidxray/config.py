@@ -86,6 +86,11 @@ class TrainConfig:
     shuffle_buffer: int = setting(512, low=1)
     early_stopping_patience: int = setting(0, low=0)  # epochs without val AUC gain; 0 disables
     elastic: bool = False  # launched by horovodrun --min-np/--max-np/--host-discovery-script
+    # Horovod, set before hvd.init() (docs/training.md): gradients on the wire as float16 halve the bytes per step;
+    # the tensor-fusion buffer (MiB, 0: no fusion) and the background thread's cycle (ms) override horovodrun's flags.
+    gradient_compression: str = setting("none", choices=("none", "fp16"))
+    fusion_buffer_mb: int = setting(128, low=0, high=1024)
+    cycle_time_ms: float = setting(1.0, above=0.0, high=1000.0)
     seed: int = setting(0, low=0, high=2**31 - 1)
 
 

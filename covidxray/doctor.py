@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import ipaddress
+import json
 import os
 import platform
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 from covidxray.errors import UserError
 
 MIN_FREE_MEMORY_MB = 1024
 MIN_FREE_DISK_MB = 2048
+# Left for the OS, sshd, the page cache of the shards and the allocator's swings between steps.
+MEMORY_HEADROOM_MB = 256
+MEMORY_PROBE_STEPS = 5
+MEMORY_PROBE_TIMEOUT_S = 900
 # Report name -> distributions providing it (TensorFlow is `tensorflow-cpu` on x86-64, `tensorflow` on a Pi).
 VERSIONED_PACKAGES = {
     "covidxray": ("covidxray",), "tensorflow": ("tensorflow", "tensorflow-cpu"), "keras": ("keras",), "numpy": ("numpy",),
@@ -74,15 +82,70 @@ def check_shards(data_dir: Path) -> dict:
     return {"data_dir": str(data_dir), "shards": len(manifest["shards"]), "missing": missing, "sha256_mismatch": mismatched}
 
 
+def training_memory(data_dir: Path, config_path: Path | None, available_mb: int | None) -> dict:
+    """Does one training rank of this config fit this board? Measured: covidxray.train.memory_probe in a child process.
+
+    Fits when the rank's peak RSS plus MEMORY_HEADROOM_MB is within the memory
+    available before the probe started (one rank per board, as in
+    configs/pi-cluster.yaml).
+    """
+    command = [sys.executable, "-m", "covidxray.train.memory_probe", "--data-dir", str(data_dir), "--steps", str(MEMORY_PROBE_STEPS)]
+    if config_path:
+        command += ["--config", str(config_path)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=MEMORY_PROBE_TIMEOUT_S, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    except subprocess.TimeoutExpired:
+        return {"fits": False, "error": f"the memory probe did not finish within {MEMORY_PROBE_TIMEOUT_S} s"}
+    if result.returncode != 0:
+        return {"fits": False, "error": (result.stderr.strip().splitlines() or ["memory probe failed"])[-1]}
+    measured = json.loads(result.stdout.strip().splitlines()[-1])
+    fits = available_mb is not None and measured["peak_rss_mb"] + MEMORY_HEADROOM_MB <= available_mb
+    return {**measured, "available_mb": available_mb, "headroom_mb": MEMORY_HEADROOM_MB, "fits": fits}
+
+
+def _memory_detail(memory: dict) -> str:
+    if "error" in memory:
+        return f"no: {memory['error']}"
+    setup = f"{memory['model']}, {memory['image_size']} px, batch {memory['batch_size']}"
+    if memory["horovod"]:
+        setup += f", fusion buffer {memory['horovod']['fusion_buffer_mb']} MiB, {memory['horovod']['gradient_compression']} gradients"
+    verdict = "yes" if memory["fits"] else "no (lower train.batch_size, train.fusion_buffer_mb or the image size)"
+    return f"{verdict}: a training rank ({setup}) peaked at {memory['peak_rss_mb']:.0f} MB; {memory['available_mb']} MB available, {memory['headroom_mb']} MB kept free"
+
+
+def gloo_address() -> dict:
+    """The address Horovod's Gloo allreduce connections listen on, and whether other boards can reach it.
+
+    Horovod 0.28.1 creates the Gloo contexts that carry every collective (its
+    process-set contexts) without the --network-interface it was given: Gloo
+    then resolves this machine's hostname and binds the first address it gets.
+    Raspberry Pi OS maps the hostname to 127.0.1.1 in /etc/hosts, so a
+    multi-board job fails with "connect [127.0.1.1]: Connection refused".
+    """
+    hostname = socket.gethostname()
+    try:
+        address = socket.getaddrinfo(hostname, None, socket.AF_UNSPEC, socket.SOCK_STREAM)[0][4][0]
+    except socket.gaierror as err:
+        return {"hostname": hostname, "address": None, "reachable": False, "detail": f"{hostname} does not resolve ({err}): add it to /etc/hosts with this board's LAN address"}
+    if ipaddress.ip_address(address).is_loopback:
+        return {"hostname": hostname, "address": address, "reachable": False,
+                "detail": f"{hostname} resolves to {address}: other boards cannot reach Gloo there; in /etc/hosts map {hostname} to this board's LAN address"}
+    return {"hostname": hostname, "address": address, "reachable": True, "detail": f"{hostname} -> {address}"}
+
+
 def _check(name: str, ok: bool, detail: str, required: bool = True) -> dict:
     return {"name": name, "ok": bool(ok), "required": required, "detail": detail}
 
 
-def diagnose(data_dir: Path | None = None) -> dict:
+def diagnose(data_dir: Path | None = None, config_path: Path | None = None, memory_probe: bool = True) -> dict:
     from covidxray.train.distributed import cores_per_rank, horovod_build
 
     if data_dir is not None and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir} is not a folder")
+    if config_path is not None:
+        from covidxray.config import load_config
+
+        load_config(config_path)  # a broken config is the user's error here, not a failed memory check
     versions = _package_versions()
     horovod = horovod_build()
     cores = cores_per_rank(1)
@@ -115,12 +178,17 @@ def diagnose(data_dir: Path | None = None) -> dict:
         _check("free memory", memory_mb is None or memory_mb >= MIN_FREE_MEMORY_MB, f"{memory_mb} MB available" if memory_mb is not None else "unknown", required=False),
         _check("free disk", free_disk_mb >= MIN_FREE_DISK_MB, f"{free_disk_mb} MB free at {disk_at}", required=False),
     ]
-    shards = None
+    gloo = gloo_address()
+    checks.append(_check("gloo address reachable from other boards", gloo["reachable"], gloo["detail"], required=False))
+    shards = memory = None
     if data_dir is not None:
         shards = check_shards(Path(data_dir))
         bad = shards["missing"] + shards["sha256_mismatch"]
         checks.append(_check("shards match manifest sha256", not bad,
                              f"{shards['shards']} shards verified" if not bad else f"missing {shards['missing']}, changed {shards['sha256_mismatch']}: re-copy them or re-run prepare"))
+        if memory_probe:
+            memory = training_memory(Path(data_dir), config_path, memory_mb)
+            checks.append(_check("fits this board", memory["fits"], _memory_detail(memory)))
     return {
         "ok": all(c["ok"] for c in checks if c["required"]),
         "host": socket.gethostname(),
@@ -129,6 +197,8 @@ def diagnose(data_dir: Path | None = None) -> dict:
         "horovod": horovod,
         "system": {"cores_usable": cores, "cores_total": os.cpu_count(), "memory_available_mb": memory_mb, "disk_free_mb": free_disk_mb, "disk_checked_at": str(disk_at)},
         "shards": shards,
+        "training_memory": memory,
+        "gloo": gloo,
         "checks": checks,
     }
 

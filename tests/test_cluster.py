@@ -232,3 +232,114 @@ def test_elastic_training_over_ssh_finishes_when_a_board_dies(synced, sshd, host
     assert [e["epoch"] for e in log["epochs"]] == list(range(1, epochs + 1))
     assert log["epochs"][0]["world_size"] == 2 and log["epochs"][-1]["world_size"] == 1
     assert [len(e["images_per_s_per_rank"]) for e in log["epochs"]] == [e["world_size"] for e in log["epochs"]]
+
+
+# --- issue 18: the emulated cluster (scripts/netcluster.sh): a network namespace per board, shaped links ---
+
+NETCLUSTER = REPO / "scripts" / "netcluster.sh"
+NET_NAME, NET_SUBNET = "cxrt", "10.214.0"  # not the defaults, so a cluster built by hand or by the benchmark is left alone
+NET_STATE = Path(f"/run/covidxray-netcluster-{NET_NAME}")
+
+
+def _can_build_namespaces() -> bool:
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        return False
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True)
+    return probe.returncode == 0
+
+
+needs_netns = pytest.mark.skipif(not (SSHD and _can_build_namespaces()), reason="needs root, iproute2 (ip netns, tc) and openssh-server")
+
+
+def netcluster(action: str, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(NETCLUSTER), action, "--name", NET_NAME, "--subnet", NET_SUBNET, *args],
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def _leftovers() -> list[str]:
+    namespaces = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split() if n.startswith(f"{NET_NAME}-")]
+    links = [line for line in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines() if f": {NET_NAME}" in line]
+    files = [str(p) for p in (NET_STATE, *Path("/etc/netns").glob(f"{NET_NAME}-*")) if p.exists()]
+    return namespaces + links + files
+
+
+@pytest.fixture
+def emulated_boards():
+    """Two emulated boards on 100 Mbit/s ports (slow enough that the shaper, not this machine's CPU, is the limit)."""
+    built = netcluster("up", "-n", "2", "--line-mbit", "100")
+    try:
+        assert built.returncode == 0, built.stdout + built.stderr
+        yield dict(line.split("=", 1) for line in (NET_STATE / "env").read_text().split())
+    finally:
+        netcluster("down")
+
+
+@needs_netns
+def test_emulated_boards_are_shaped_reachable_over_ssh_and_removed(emulated_boards):
+    sys.path.insert(0, str(REPO / "scripts"))
+    from bench_allreduce import link_check
+
+    ssh = ["ip", "netns", "exec", f"{NET_NAME}-launch", str(NET_STATE / "bin" / "ssh")]
+    for board, address in ((1, f"{NET_SUBNET}.11"), (2, f"{NET_SUBNET}.12")):
+        seen = subprocess.run([*ssh, address, "ip -o -4 addr show dev eth0; python3 -c 'import socket; print(socket.gethostbyname(socket.gethostname()))'"],
+                              capture_output=True, text=True, timeout=60)
+        assert seen.returncode == 0, seen.stderr
+        assert f"inet {address}/24" in seen.stdout  # the session runs inside that board's namespace
+        assert seen.stdout.split()[-1] == address  # where Horovod 0.28.1's Gloo will listen (its hostname)
+    link = link_check(NET_NAME, NET_SUBNET, 2.0)
+    payload_floor = 100 * 1448 / 1538  # Mbit/s of TCP payload in 1500-byte frames on a 100 Mbit/s wire
+    assert 0.9 * payload_floor < link["tcp_payload_mbit_per_s"] <= 1.02 * payload_floor
+    assert link["tcp_rtt_s"] < 1e-3  # sub-millisecond, like boards on one switch
+    assert (NET_STATE / "hostfile").read_text() == f"{NET_SUBNET}.11 slots=1\n{NET_SUBNET}.12 slots=1\n"
+
+    again = netcluster("up", "-n", "2", "--line-mbit", "100")  # idempotent: rebuilt from scratch, not doubled
+    assert again.returncode == 0, again.stderr
+    assert netcluster("down").returncode == 0
+    assert _leftovers() == []
+    assert netcluster("status").returncode == 1
+
+
+@needs_netns
+def test_emulated_cluster_is_removed_when_its_command_is_interrupted():
+    import signal
+    import time
+
+    run = subprocess.Popen(["bash", str(NETCLUSTER), "run", "--name", NET_NAME, "--subnet", NET_SUBNET, "-n", "1", "--", "sleep", "120"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (NET_STATE / "env").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (NET_STATE / "env").exists(), "the cluster never came up"
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        leftovers = _leftovers()
+        netcluster("down")
+    assert leftovers == []
+
+
+@pytest.mark.slow
+@needs_netns
+def test_horovodrun_reduces_over_the_shaped_links(emulated_boards, tmp_path):
+    """Every byte of a 2-rank ring goes out through each board's shaped port: tc's counters see at least that much."""
+    def sent_bytes(board: int) -> int:
+        stats = subprocess.run(["ip", "netns", "exec", f"{NET_NAME}-b{board}", "tc", "-s", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True).stdout
+        return int(stats.split("Sent ")[1].split()[0])
+
+    before = [sent_bytes(1), sent_bytes(2)]
+    out, size_mib, calls = tmp_path / "probe.json", 4, 3  # 1 warm-up + 2 timed
+    command = [HOROVODRUN, "--gloo", "-np", "2", "--hostfile", f"{emulated_boards['STATE']}/hostfile",
+               "--ssh-identity-file", f"{emulated_boards['STATE']}/id_ed25519", "--network-interface", "eth0",
+               "--disable-cache", "--start-timeout", "300",
+               PYTHON, str(REPO / "scripts" / "_allreduce_probe.py"), "--sizes-mib", str(size_mib), "--steps", "2", "--warmup", "1", "--out", str(out)]
+    result = netcluster("exec", "--", *command, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    report = json.loads(out.read_text())
+    assert report["ranks"] == 2 and report["sizes"][0]["bytes"] == size_mib * 2**20
+    ring_bytes_per_rank = 2 * (2 - 1) / 2 * size_mib * 2**20 * calls
+    assert all(sent_bytes(b) - before[b - 1] >= ring_bytes_per_rank for b in (1, 2))
+    floor = 2 * (2 - 1) / 2 * size_mib * 2**20 / (100e6 / 8 * 1448 / 1538)
+    assert all(seconds >= 0.95 * floor for seconds in report["sizes"][0]["seconds"])  # the shaper holds it to the wire's rate

@@ -60,6 +60,9 @@ def test_cli_reports_missing_data_without_traceback(tmp_path):
         ("train.seed=-1", "train.seed: -1 is below the minimum 0"),
         ("data.image_size=0", "data.image_size: 0 is below the minimum 16"),
         ("export.int8_min_agreement=1.5", "export.int8_min_agreement: 1.5 is above the maximum 1"),
+        ("train.gradient_compression=fp8", "train.gradient_compression: 'fp8' is not one of none, fp16"),
+        ("train.fusion_buffer_mb=-1", "train.fusion_buffer_mb: -1 is below the minimum 0"),
+        ("train.cycle_time_ms=0", "train.cycle_time_ms: 0.0 must be greater than 0"),
     ],
 )
 def test_out_of_range_values_are_rejected_with_the_key(override, message):

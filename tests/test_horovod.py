@@ -115,7 +115,7 @@ def test_discovery_script_prints_host_slots(tmp_path):
 
 
 def test_doctor_json_reports_horovod_build_and_verifies_shards(synthetic_data):
-    result = run_cli("doctor", "--json", "--data-dir", str(synthetic_data))
+    result = run_cli("doctor", "--json", "--data-dir", str(synthetic_data), "--no-memory-probe")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     import horovod.tensorflow as hvd
@@ -144,4 +144,70 @@ def test_doctor_names_a_changed_or_missing_shard(synthetic_data, tmp_path):
     (copy / "shards" / removed).unlink()
     report = check_shards(copy)
     assert report["sha256_mismatch"] == [changed] and report["missing"] == [removed]
-    assert diagnose(copy)["ok"] is False  # so `covidxray doctor` exits non-zero
+    assert diagnose(copy, memory_probe=False)["ok"] is False  # so `covidxray doctor` exits non-zero
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compression", ["none", "fp16"])
+def test_gradient_compression_and_fusion_settings_reach_horovod(compression):
+    """The averaged gradient is rounded exactly as float16 arithmetic rounds it, and only with fp16 compression."""
+    import numpy as np
+
+    probe = [str(VENV_BIN / "python"), str(REPO / "tests" / "compression_probe.py"), compression, "16", "2.5"]
+    result = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", *probe], capture_output=True, text=True, timeout=300, env=ENV)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    report = json.loads(next(line.split(">:", 1)[1] for line in result.stdout.splitlines() if line.startswith("[0]<stdout>:{")))
+    gradients = np.array([1.0001, 1.0003], np.float32)  # tests/compression_probe.py X
+    if compression == "fp16":
+        halves = gradients.astype(np.float16)
+        expected = float((halves[0] + halves[1]) / np.float16(2))
+    else:
+        expected = float(gradients.mean())
+    assert report["size"] == 2
+    assert report["weight"] == pytest.approx(-expected, rel=1e-6, abs=1e-7)
+    if compression == "fp16":
+        assert report["weight"] != pytest.approx(-float(gradients.mean()), abs=1e-5)  # float32 would not round it away
+    assert report["environment"] == {"HOROVOD_FUSION_THRESHOLD": str(16 * 2**20), "HOROVOD_CYCLE_TIME": "2.5"}
+
+
+@pytest.mark.slow
+def test_doctor_measures_a_pi_sized_training_rank_on_real_xrays(shared_data, tmp_path):
+    """`doctor --data-dir` with configs/pi-cluster.yaml trains mobilenet_v3_small at 224 px, batch 16, on real images."""
+    from covidxray.config import load_config
+    from covidxray.data.prepare import prepare
+
+    data_dir = tmp_path / "talo"
+    talo = {"covid19-talo": {"from_path": str(shared_data / "covid19-talo-sample")}}
+    prepare(load_config(None, [{"data": {"sources": talo, "data_dir": str(data_dir), "image_size": 224, "records_per_shard": 8}}]).data, log=lambda _m: None)
+    result = run_cli("doctor", "--json", "--data-dir", str(data_dir), "--config", str(REPO / "configs" / "pi-cluster.yaml"))
+    report = json.loads(result.stdout)
+    memory = report["training_memory"]
+    assert "error" not in memory, memory
+    assert (memory["model"], memory["image_size"], memory["batch_size"]) == ("mobilenet_v3_small", 224, 16)
+    assert memory["horovod"] == {"gradient_compression": "none", "fusion_buffer_mb": 16, "cycle_time_ms": 1.0}
+    # a TensorFlow process holding a model is hundreds of MB; VmHWM is in kB, so a unit slip would show here
+    assert 200 < memory["peak_rss_mb"] < 8192
+    check = next(c for c in report["checks"] if c["name"] == "fits this board")
+    assert check["ok"] == memory["fits"] == (memory["peak_rss_mb"] + memory["headroom_mb"] <= memory["available_mb"])
+    assert check["detail"].startswith("yes: " if memory["fits"] else "no")
+    assert result.returncode == (0 if report["ok"] else 1)
+
+
+def test_doctor_warns_when_the_hostname_resolves_to_loopback(monkeypatch):
+    """Raspberry Pi OS's /etc/hosts maps the hostname to 127.0.1.1, where Gloo's allreduce connections would listen."""
+    import socket
+
+    from covidxray.doctor import gloo_address
+
+    def resolving_to(address):
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        return lambda *args, **kwargs: [(family, socket.SOCK_STREAM, 6, "", (address, 0))]
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "pi07")
+    monkeypatch.setattr(socket, "getaddrinfo", resolving_to("127.0.1.1"))
+    loopback = gloo_address()
+    assert loopback["reachable"] is False and "127.0.1.1" in loopback["detail"] and "/etc/hosts" in loopback["detail"]
+    monkeypatch.setattr(socket, "getaddrinfo", resolving_to("::1"))
+    assert gloo_address()["reachable"] is False
+    monkeypatch.setattr(socket, "getaddrinfo", resolving_to("192.168.1.107"))
+    assert gloo_address() == {"hostname": "pi07", "address": "192.168.1.107", "reachable": True, "detail": "pi07 -> 192.168.1.107"}

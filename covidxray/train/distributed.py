@@ -30,6 +30,30 @@ from covidxray.errors import UserError
 _LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 
+@dataclass(frozen=True)
+class HorovodTuning:
+    """How gradients travel: compression on the wire, tensor-fusion buffer, background cycle (train.* keys).
+
+    Horovod reads the buffer size and cycle from the environment once, in
+    hvd.init(), so `init_world` sets them just before; they win over
+    horovodrun's --fusion-threshold-mb/--cycle-time-ms, so the config and
+    train_log.json say what the job really used.
+    """
+
+    gradient_compression: str = "none"
+    fusion_buffer_mb: int = 128
+    cycle_time_ms: float = 1.0
+
+    def environment(self) -> dict[str, str]:
+        return {"HOROVOD_FUSION_THRESHOLD": str(self.fusion_buffer_mb * 2**20), "HOROVOD_CYCLE_TIME": repr(float(self.cycle_time_ms))}
+
+    def record(self) -> dict:
+        return {"gradient_compression": self.gradient_compression, "fusion_buffer_mb": self.fusion_buffer_mb, "cycle_time_ms": self.cycle_time_ms}
+
+    def compression(self, hvd):
+        return hvd.Compression.fp16 if self.gradient_compression == "fp16" else hvd.Compression.none
+
+
 def launched_by_horovod() -> bool:
     return any(v in os.environ for v in _LAUNCHER_VARIABLES)
 
@@ -86,6 +110,7 @@ class World:
     local_size: int = 1
     hvd: Any = None
     elastic: bool = False
+    tuning: HorovodTuning = HorovodTuning()
 
     @property
     def is_root(self) -> bool:
@@ -107,7 +132,9 @@ class World:
             self.local_rank, self.local_size = self.hvd.local_rank(), self.hvd.local_size()
 
     def distributed_optimizer(self, optimizer):
-        return optimizer if self.hvd is None else self.hvd.DistributedOptimizer(optimizer)
+        if self.hvd is None:
+            return optimizer
+        return self.hvd.DistributedOptimizer(optimizer, compression=self.tuning.compression(self.hvd))
 
     def callbacks(self, scaled_lr: float, warmup_epochs: int, steps_per_epoch: int) -> list:
         """Average metrics before any metric-driven callback; warm the LR up from lr to lr x size.
@@ -185,17 +212,35 @@ def check_launch_mode(elastic: bool) -> None:
         raise UserError("this job was launched elastically (horovodrun --min-np/--max-np/--host-discovery-script): add --elastic")
 
 
-def init_world() -> World:
+def init_world(tuning: HorovodTuning = HorovodTuning()) -> World:
     if not launched_by_horovod():
         configure_threads(1)
-        return World()
+        return World(tuning=tuning)
     import horovod.tensorflow.keras as hvd
 
+    os.environ.update(tuning.environment())
     hvd.init()
     configure_threads(hvd.local_size())
-    world = World(hvd=hvd, elastic=launched_elastic())
+    world = World(hvd=hvd, elastic=launched_elastic(), tuning=tuning)
     world.refresh()
     return world
+
+
+def standalone_gradient_averager(tuning: HorovodTuning) -> Callable[[list], list] | None:
+    """Horovod in this process alone, set up as `tuning` says: what averages gradients in covidxray.train.memory_probe.
+
+    `DistributedOptimizer` skips the allreduce in a 1-rank job, so the probe
+    calls `grouped_allreduce` itself: the same fused collective, which fills
+    Horovod's fusion buffer as a job's rank does. None when Horovod is not installed.
+    """
+    try:
+        hvd = _core()
+    except ImportError:
+        return None
+    os.environ.update(tuning.environment())
+    hvd.init()
+    compression = tuning.compression(hvd)
+    return lambda gradients: hvd.grouped_allreduce(gradients, op=hvd.Average, compression=compression)
 
 
 def _quietly(fn: Callable[[], Any]) -> Any:

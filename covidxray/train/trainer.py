@@ -29,7 +29,7 @@ from covidxray.config import Config
 from covidxray.data.prepare import load_manifest, manifest_sha256, shard_paths
 from covidxray.data.preprocess import PREPROCESSING
 from covidxray.errors import UserError
-from covidxray.train.distributed import CommitEpoch, World, check_launch_mode, init_world
+from covidxray.train.distributed import CommitEpoch, HorovodTuning, World, check_launch_mode, init_world
 from covidxray.train.input import make_dataset
 from covidxray.train.metrics import cross_entropy, macro_auc
 from covidxray.train.models import build_model
@@ -219,7 +219,7 @@ def _prepare_run_dir(run_dir: Path, resume: bool, say: Callable[[str], None]) ->
 def train(config: Config, resume: bool = False, say: Callable[[str], None] = print) -> dict:
     cfg, data_dir = config.train, Path(config.data.data_dir)
     check_launch_mode(cfg.elastic)
-    world = init_world()
+    world = init_world(HorovodTuning(cfg.gradient_compression, cfg.fusion_buffer_mb, cfg.cycle_time_ms))
     user_say = say
 
     def say(message: str) -> None:  # asked at each call: an elastic job may hand rank 0 to another worker
@@ -264,7 +264,7 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
         scaled_lr = cfg.learning_rate * world.size
         tf.keras.backend.set_value(optimizer.learning_rate, scaled_lr)  # after warmup; the warmup callback ramps up to it
         ranks = world.allgather_object({"rank": world.rank, "host": world.hostname, "shards": [Path(f).name for f in my_shards.files], "record_level_sharding": my_shards.record_level})
-        header = {"world_size": world.size, "elastic": world.elastic, "steps_per_epoch": steps_per_epoch, "ranks": ranks}
+        header = {"world_size": world.size, "elastic": world.elastic, "steps_per_epoch": steps_per_epoch, "ranks": ranks, "horovod": world.tuning.record()}
         callbacks = [
             Validation(world, val_ds),
             *world.callbacks(scaled_lr, cfg.warmup_epochs, steps_per_epoch),
