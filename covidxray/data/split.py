@@ -101,8 +101,8 @@ def _to_test(patients: dict[str, list[Record]], forced: set[str], why: str) -> t
 
 
 def _outside_test(record: Record, why: str) -> bool:
-    """True when `record` would not be in test by itself (official train/val folder, or not the held-out source)."""
-    return record.original_split != "test" if why == "official" else record.source != why
+    """True when `record` is from an official train/val folder (why="official") or not from the held-out source `why`."""
+    return record.original_split not in ("", "test") if why == "official" else record.source != why
 
 
 def split_by_official_folders(records: list[Record], task: Task, val_fraction: float, test_fraction: float, seed: int) -> tuple[dict[str, list[Record]], dict]:
