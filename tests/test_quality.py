@@ -1,0 +1,81 @@
+"""Training learns real chest X-rays; the LR schedule and BN re-estimation against independent formulas."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from covidxray.train.schedule import learning_rate_at
+
+PER_CLASS = {"train": 150, "test": 50}  # per class and official folder: a few hundred real images
+
+
+def kaggle_subset(shared: Path, target: Path) -> Path:
+    """The first images (sorted names) of each official folder of the real Kaggle set, as symlinks in its layout."""
+    root = target / "chest_xray"
+    for split, count in PER_CLASS.items():
+        for cls in ("NORMAL", "PNEUMONIA"):
+            folder = root / split / cls
+            folder.mkdir(parents=True)
+            for image in sorted((shared / "chest-xray-pneumonia-224" / "chest_xray" / split / cls).glob("*.jpeg"))[:count]:
+                os.symlink(image, folder / image.name)
+    return target
+
+
+@pytest.mark.slow
+def test_mobilenet_learns_real_radiographs_and_is_not_a_constant_predictor(shared_data, tmp_path):
+    """The shipped model on a few hundred real images: well above the majority baseline, every class predicted."""
+    import tensorflow as tf
+
+    from covidxray.train.evaluate import predict_split
+
+    data_dir, run_dir = tmp_path / "data", tmp_path / "run"
+    prepared = run_cli("prepare", "--source", f"chest-xray-pneumonia={kaggle_subset(shared_data, tmp_path / 'kaggle')}", "--task", "pneumonia",
+                       "--set", "data.split=source", "--image-size", "96", "--data-dir", str(data_dir))
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    trained = run_cli("train", "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--model", "mobilenet_v3_small", "--epochs", "6", "--batch-size", "16")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    log = json.loads((run_dir / "train_log.json").read_text())
+    assert "collapsed_epochs" in log and log["best"]["val_predicted_classes"] == 2
+
+    model = tf.keras.models.load_model(run_dir / "model.keras", compile=False)
+    probabilities, labels = predict_split(model, data_dir, "test", 96, 2)
+    majority = np.bincount(labels).max() / labels.size
+    accuracy = float((probabilities.argmax(1) == labels).mean())
+    assert set(np.unique(probabilities.argmax(1))) == {0, 1}
+    assert accuracy >= majority + 0.15, (accuracy, majority)
+
+
+def test_warmup_then_cosine_matches_its_formula():
+    peak, warmup, epochs = 0.01, 2, 10
+    assert learning_rate_at(0.5, peak, warmup, epochs, "cosine") == pytest.approx(peak / 4)
+    assert learning_rate_at(2.0, peak, warmup, epochs, "cosine") == pytest.approx(peak)
+    assert learning_rate_at(6.0, peak, warmup, epochs, "cosine") == pytest.approx(peak / 2)  # halfway through the decay
+    assert learning_rate_at(10.0, peak, warmup, epochs, "cosine") == pytest.approx(0.0, abs=1e-12)
+    assert learning_rate_at(7.0, peak, warmup, epochs, "constant") == peak
+    assert learning_rate_at(3.0, peak, 0, epochs, "cosine") == pytest.approx(peak * 0.5 * (1 + math.cos(math.pi * 0.3)))
+
+
+def test_recomputed_batchnorm_statistics_are_the_mean_batch_statistics():
+    """The moving mean/variance become the average of the per-batch mean/variance, whatever momentum the layer had."""
+    import tensorflow as tf
+
+    from covidxray.train.batchnorm import recompute_statistics
+    from covidxray.train.distributed import World
+
+    inputs = tf.keras.Input((3,))
+    model = tf.keras.Model(inputs, tf.keras.layers.BatchNormalization(momentum=0.999)(tf.keras.layers.Dropout(0.5)(inputs)))
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(loc, 2.0, (64, 3)).astype(np.float32) for loc in (1.0, 5.0, -3.0)]
+    assert recompute_statistics(model, [(b, None) for b in batches], World()) == 3
+    norm = model.layers[-1]
+    np.testing.assert_allclose(norm.moving_mean.numpy(), np.mean([b.mean(0) for b in batches], axis=0), rtol=1e-5)
+    # Keras' non-fused BN (2-D input) averages the biased (ddof=0) batch variance
+    np.testing.assert_allclose(norm.moving_variance.numpy(), np.mean([b.var(0) for b in batches], axis=0), rtol=1e-4)
+    assert norm.momentum == 0.999 and model.layers[1].rate == 0.5  # restored afterwards
