@@ -79,3 +79,33 @@ def test_recomputed_batchnorm_statistics_are_the_mean_batch_statistics():
     # Keras' non-fused BN (2-D input) averages the biased (ddof=0) batch variance
     np.testing.assert_allclose(norm.moving_variance.numpy(), np.mean([b.var(0) for b in batches], axis=0), rtol=1e-4)
     assert norm.momentum == 0.999 and model.layers[1].rate == 0.5  # restored afterwards
+
+
+def _bench_quality():
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench_quality
+
+    return bench_quality
+
+
+def test_bench_ece_matches_a_hand_computation():
+    probabilities = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.4, 0.6]])
+    labels = np.array([0, 1, 1, 1])  # right at 0.9, wrong at 0.8, right at 0.7 and 0.6: four separate bins
+    assert _bench_quality().expected_calibration_error(labels, probabilities) == pytest.approx((0.1 + 0.8 + 0.3 + 0.4) / 4)
+
+
+def test_bench_bootstrap_interval_of_accuracy_matches_the_normal_approximation():
+    rng = np.random.default_rng(3)
+    n, p = 1000, 0.8
+    labels = rng.integers(0, 2, n)
+    correct = rng.random(n) < p
+    predicted = np.where(correct, labels, 1 - labels)
+    probabilities = np.eye(2)[predicted] * 0.6 + 0.2
+    low, high = _bench_quality().bootstrap_intervals(labels, probabilities, ["a", "b"], rounds=500)["accuracy"]
+    accuracy = correct.mean()
+    half_width = 1.96 * math.sqrt(accuracy * (1 - accuracy) / n)
+    assert low == pytest.approx(accuracy - half_width, abs=0.01) and high == pytest.approx(accuracy + half_width, abs=0.01)
