@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import VENV_BIN, have_horovod, run_cli
 from covidxray.train.schedule import learning_rate_at
 
 PER_CLASS = {"train": 150, "test": 50}  # per class and official folder: a few hundred real images
@@ -50,6 +50,24 @@ def test_mobilenet_learns_real_radiographs_and_is_not_a_constant_predictor(share
     accuracy = float((probabilities.argmax(1) == labels).mean())
     assert set(np.unique(probabilities.argmax(1))) == {0, 1}
     assert accuracy >= majority + 0.15, (accuracy, majority)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not have_horovod(), reason="horovod is not installed in this venv")
+def test_two_ranks_share_batchnorm_statistics_and_the_scaled_lr_curve(synthetic_data, tmp_path):
+    """Each rank re-estimates BN on its own images; averaged, the replicas stay identical (moving statistics included)."""
+    import subprocess
+
+    run_dir, epochs = tmp_path / "run", 2
+    command = [str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", str(VENV_BIN / "covidxray"), "train",
+               "--data-dir", str(synthetic_data), "--run-dir", str(run_dir), "--model", "mobilenet_v3_small", "--epochs", str(epochs),
+               "--batch-size", "16", "--set", "train.bn_recalibration_images=64", "--set", "train.learning_rate=0.001"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    log = json.loads((run_dir / "train_log.json").read_text())
+    assert len(log["weights_sha256_per_rank"]) == 2 and len(set(log["weights_sha256_per_rank"])) == 1
+    # one warmup epoch up to 0.001 x 2 ranks, then cosine to 0 at the end of the last epoch
+    assert [e["lr"] for e in log["epochs"]] == pytest.approx([0.002, 0.0], abs=1e-9)
 
 
 def test_warmup_then_cosine_matches_its_formula():

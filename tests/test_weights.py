@@ -127,3 +127,14 @@ def test_gray_pixels_reach_the_backbone_in_its_documented_range(name, expected_r
     assert fed.shape[-1] == 3 and (fed == gray).all()
     scaled = rescaling(fed).numpy()
     assert (scaled.min(), scaled.max()) == pytest.approx(expected_range)
+
+
+def test_cli_weights_download_refuses_bytes_keras_does_not_know(tmp_path):
+    """Through the command a user types: the served file is not Keras' file, so its md5 fails and nothing is kept."""
+    from conftest import run_cli
+
+    name = weights.keras_weights("efficientnet_b0").file_name
+    with FileServer({"/" + name: b"not the weights" * 1000}) as server:
+        result = run_cli("weights", "download", "efficientnet_b0", "--out", str(tmp_path), env={weights.MIRROR_VARIABLE: server.url("")})
+    assert result.returncode == 2 and "is not the" in result.stderr and "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
