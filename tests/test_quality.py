@@ -127,3 +127,31 @@ def test_bench_bootstrap_interval_of_accuracy_matches_the_normal_approximation()
     accuracy = correct.mean()
     half_width = 1.96 * math.sqrt(accuracy * (1 - accuracy) / n)
     assert low == pytest.approx(accuracy - half_width, abs=0.01) and high == pytest.approx(accuracy + half_width, abs=0.01)
+
+
+def test_a_constant_predictor_is_reported_per_epoch_and_listed(tmp_path):
+    """A model whose output ignores the image: val_predicted_classes is 1, the epoch log warns, the epoch is listed."""
+    import tensorflow as tf
+
+    from covidxray.train.distributed import StaticState, World
+    from covidxray.train.trainer import EpochLog, Validation, collapsed_epochs
+
+    inputs = tf.keras.Input((8, 8, 1))
+    outputs = tf.keras.layers.Dense(3, activation="softmax", kernel_initializer="zeros", bias_initializer=tf.keras.initializers.Constant([0.0, 2.0, 0.0]))(tf.keras.layers.Flatten()(inputs))
+    model = tf.keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 40)
+    val = tf.data.Dataset.from_tensor_slices((rng.uniform(0, 255, (40, 8, 8, 1)).astype(np.float32), np.eye(3)[labels])).batch(16)
+    world, said = World(), []
+    state = StaticState(world, model, model.optimizer, history=[])
+    callbacks = [Validation(world, val), EpochLog(world, state, 16, {"steps_per_epoch": 1}, tmp_path, said.append)]
+    logs = {"loss": 1.0}
+    for callback in callbacks:
+        callback.set_model(model)
+        callback.on_epoch_begin(0)
+        callback.on_epoch_end(0, logs)
+    assert logs["val_predicted_classes"] == 1 and logs["val_accuracy"] == pytest.approx(np.mean(labels == 1))
+    assert any("every validation image is predicted as the same class" in message for message in said)
+    assert collapsed_epochs(state.history) == [1]
+    assert json.loads((tmp_path / "train_log.json").read_text())["epochs"][0]["val_predicted_classes"] == 1
