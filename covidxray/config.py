@@ -81,6 +81,7 @@ class TrainConfig:
     bn_recalibration_images: int = setting(1024, low=0)
     augment: bool = True
     class_weights: bool = True
+    class_weight_power: float = setting(1.0, low=0.0, high=1.0)  # weight ~ count^-power: 1 inverse frequency, 0.5 square root
     shuffle_buffer: int = setting(512, low=1)
     early_stopping_patience: int = setting(0, low=0)  # epochs without val AUC gain; 0 disables
     elastic: bool = False  # launched by horovodrun --min-np/--max-np/--host-discovery-script

@@ -59,6 +59,9 @@ def test_class_weights_balance_the_classes():
     assert max(per_class_total) == pytest.approx(min(per_class_total))
     assert sum(per_class_total) == pytest.approx(sum(counts.values()))  # mean weight over samples is 1
     assert class_weights({"normal": 5, "covid-19": 0}, ["normal", "covid-19"])[1] == 0.0
+    # square root: weight ~ 1/sqrt(count), mean 1 over the samples (worked out by hand for 400 / 100)
+    sqrt = class_weights({"normal": 400, "covid-19": 100}, ["normal", "covid-19"], power=0.5)
+    assert sqrt[1] / sqrt[0] == pytest.approx(2.0) and 400 * sqrt[0] + 100 * sqrt[1] == pytest.approx(500)
 
 
 def test_best_tracker_keeps_best_val_auc_and_stops_after_patience():
