@@ -90,6 +90,7 @@ def test_download_with_the_server_down_says_what_to_do(monkeypatch, tmp_path):
         weights.cached_imagenet_file("mobilenet_v3_small")
 
 
+@pytest.mark.slow
 def test_imagenet_goes_through_the_keras_cache_and_loads_into_the_backbone(served, backbone_file, monkeypatch, tmp_path):
     server, name = served
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -115,6 +116,7 @@ def test_small_cnn_refuses_imagenet():
         build_model("small_cnn", SIZE, 2, weights.IMAGENET)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,expected_range", [("mobilenet_v3_small", (-1.0, 1.0)), ("efficientnet_b0", (0.0, 1.0))])
 def test_gray_pixels_reach_the_backbone_in_its_documented_range(name, expected_range):
     """Keras 2.15 docs: both backbones take 0..255 RGB and rescale inside (MobileNetV3 to -1..1, EfficientNet to 0..1)."""
