@@ -74,9 +74,10 @@ def prepare(
     source: Optional[List[str]] = typer.Option(None, "--source", "-s", help="NAME or NAME=PATH (archive/folder on disk); repeatable."),
     from_path: Optional[str] = typer.Option(None, "--from", help="Archive or folder on disk for the single --source given."),
     data_dir: Optional[str] = typer.Option(None, help="Output folder (shards + manifest.json)."),
-    task: Optional[str] = typer.Option(None, help="chest3, chest4 or oct."),
+    task: Optional[str] = typer.Option(None, help="chest3, pneumonia, chest4 or oct."),
     image_size: Optional[int] = typer.Option(None),
     workers: Optional[int] = typer.Option(None, help="Decode processes (default: one per core)."),
+    hold_out_source: Optional[str] = typer.Option(None, "--hold-out-source", help="Put this source (all of it) in test, the others in train/val."),
 ):
     """Fetch sources, harmonise labels, dedupe, split by patient, write sharded TFRecords."""
     from covidxray.cli_progress import progress_bar
@@ -84,7 +85,7 @@ def prepare(
     def go():
         from covidxray.data.prepare import prepare as do_prepare
 
-        cfg = resolve(config, sets, data__data_dir=data_dir, data__task=task, data__image_size=image_size, data__workers=workers)
+        cfg = resolve(config, sets, data__data_dir=data_dir, data__task=task, data__image_size=image_size, data__workers=workers, data__holdout_source=hold_out_source)
         if source:
             cfg.data.sources = parse_sources(source, from_path, cfg.data.sources)
         elif from_path:
@@ -243,6 +244,21 @@ def demo(
     from covidxray.demo import run_demo
 
     run(lambda: run_demo(workdir, epochs, say=console.print))
+
+
+weights_app = typer.Typer(no_args_is_help=True, help="ImageNet backbone weights for air-gapped clusters.")
+app.add_typer(weights_app, name="weights")
+
+
+@weights_app.command("download")
+def weights_download(
+    model: str = typer.Argument(..., help="mobilenet_v3_small or efficientnet_b0."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="File (or folder) to write; default: Keras' file name here."),
+):
+    """Download Keras' ImageNet backbone file (checked against Keras' hash) for `train.weights: PATH` on every board."""
+    from covidxray.train.weights import download_weights
+
+    run(lambda: download_weights(model, out, say=console.print))
 
 
 @app.command()

@@ -60,6 +60,10 @@ class DataConfig:
     image_size: int = setting(128, low=16, high=2048)
     val_fraction: float = setting(0.15, low=0.0, high=0.9)
     test_fraction: float = setting(0.15, low=0.0, high=0.9)
+    # patient: every source split by patient (val/test fractions); source: each source's own train/test
+    # folders kept (val carved from its train by patient). Either way no patient is in two splits.
+    split: str = setting("patient", choices=("patient", "source"))
+    holdout_source: str = ""  # a source name: all its images are the test split, the others train/val only
     records_per_shard: int = setting(256, low=1)
     workers: int = setting(0, low=0)  # 0: one per core
     # Perceptual (256-bit hash) Hamming distance counted as a duplicate; -1: exact duplicates only.
@@ -75,14 +79,20 @@ class DataConfig:
 @dataclass
 class TrainConfig:
     model: str = "small_cnn"
-    weights: str = ""  # optional local weights file for the Keras applications
+    weights: str = ""  # Keras applications: "" (random), imagenet (Keras download + cache) or a local backbone file
     run_dir: str = "runs/default"
     epochs: int = setting(10, low=1)
     batch_size: int = setting(32, low=1)  # per rank
     learning_rate: float = setting(1e-3, above=0.0, high=10.0)  # for one rank; scaled by the number of ranks
-    warmup_epochs: int = setting(1, low=0)
+    warmup_epochs: int = setting(1, low=0)  # linear LR ramp from ~0 to the peak, then `lr_schedule`
+    lr_schedule: str = setting("cosine", choices=("cosine", "constant"))  # after warmup: cosine decay to 0, or flat
+    label_smoothing: float = setting(0.1, low=0.0, high=0.5)  # targets 1 - s + s/classes and s/classes
+    # Training images (over all ranks) whose batch statistics replace the BN moving averages before each
+    # validation; 0 keeps Keras' moving averages (which lag far behind in short runs).
+    bn_recalibration_images: int = setting(1024, low=0)
     augment: bool = True
     class_weights: bool = True
+    class_weight_power: float = setting(1.0, low=0.0, high=1.0)  # weight ~ count^-power: 1 inverse frequency, 0.5 square root
     shuffle_buffer: int = setting(512, low=1)
     early_stopping_patience: int = setting(0, low=0)  # epochs without val AUC gain; 0 disables
     elastic: bool = False  # launched by horovodrun --min-np/--max-np/--host-discovery-script

@@ -35,7 +35,7 @@ def _assert_replicas_agree(log: dict, ranks: int) -> None:
 @pytest.mark.slow
 def test_gloo_two_ranks_agree_warm_up_and_only_rank_0_writes(synthetic_data, tmp_path):
     """Each rank gets its own --run-dir: rank 1's must never come into existence."""
-    train = " ".join(_train_args(synthetic_data, f"{tmp_path}/rank$HOROVOD_RANK", 2, "--set", "train.warmup_epochs=1", "--set", "train.learning_rate=0.001"))
+    train = " ".join(_train_args(synthetic_data, f"{tmp_path}/rank$HOROVOD_RANK", 2, "--set", "train.warmup_epochs=1", "--set", "train.learning_rate=0.001", "--set", "train.lr_schedule=constant"))
     command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", "sh", "-c", f"exec {COVIDXRAY} {train}"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENV)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -87,7 +87,7 @@ def test_elastic_job_survives_a_killed_worker(synthetic_data, tmp_path):
     command = [
         HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2",
         "--host-discovery-script", str(REPO / "scripts" / "discover_hosts.sh"),
-        COVIDXRAY, *_train_args(synthetic_data, run_dir, epochs, "--elastic", "--batch-size", "8"),
+        COVIDXRAY, *_train_args(synthetic_data, run_dir, epochs, "--elastic", "--batch-size", "8", "--set", "train.lr_schedule=constant"),
     ]
     returncode, output = run_killing_one_worker(command, {**ENV, "COVIDXRAY_HOSTS_FILE": str(hosts_file)}, run_dir, "HOROVOD_RANK=0")
     assert returncode == 0, output[-4000:]

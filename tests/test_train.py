@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -58,6 +59,9 @@ def test_class_weights_balance_the_classes():
     assert max(per_class_total) == pytest.approx(min(per_class_total))
     assert sum(per_class_total) == pytest.approx(sum(counts.values()))  # mean weight over samples is 1
     assert class_weights({"normal": 5, "covid-19": 0}, ["normal", "covid-19"])[1] == 0.0
+    # square root: weight ~ 1/sqrt(count), mean 1 over the samples (worked out by hand for 400 / 100)
+    sqrt = class_weights({"normal": 400, "covid-19": 100}, ["normal", "covid-19"], power=0.5)
+    assert sqrt[1] / sqrt[0] == pytest.approx(2.0) and 400 * sqrt[0] + 100 * sqrt[1] == pytest.approx(500)
 
 
 def test_best_tracker_keeps_best_val_auc_and_stops_after_patience():
@@ -124,7 +128,10 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_same_epochs(synthetic_data, 
     assert [e["epoch"] for e in log["epochs"]] == list(range(1, epochs + 1))
     # the optimizer (step count, Adam moments) came back with the weights: no step was lost or repeated
     assert log["optimizer_steps"] == epochs * log["steps_per_epoch"]
-    assert log["epochs"][-1]["lr"] == pytest.approx(1e-3)
+    # the LR curve continued where it stopped: one warmup epoch, then cosine to 0 (written out independently)
+    peak, warmup = 1e-3, 1
+    expected = [peak if e <= warmup else peak * 0.5 * (1 + math.cos(math.pi * (e - warmup) / (epochs - warmup))) for e in range(1, epochs + 1)]
+    assert [e["lr"] for e in log["epochs"]] == pytest.approx(expected, abs=1e-9)
     latest = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
     assert latest["epoch"] == epochs and (run_dir / "checkpoints" / latest["path"] / "ckpt.index").is_file()
     leftovers = [p for p in run_dir.rglob("*") if "partial" in p.name]

@@ -51,6 +51,12 @@ TASKS: dict[str, Task] = {
             ("normal", "pneumonia", "covid-19"),
             {"normal": "normal", "covid-19": "covid-19", **{p: "pneumonia" for p in _PNEUMONIA_ANY}},
         ),
+        # Two classes for the Kaggle/Kermany pediatric benchmark: every pneumonia cause is "pneumonia".
+        Task(
+            "pneumonia",
+            ("normal", "pneumonia"),
+            {"normal": "normal", **{p: "pneumonia" for p in _PNEUMONIA_ANY}},
+        ),
         Task(
             "chest4",
             ("normal", "bacterial", "viral", "covid-19"),

@@ -30,7 +30,7 @@ from covidxray.data import dedup, preprocess
 from covidxray.data.composition import composition
 from covidxray.data.image_cache import Decoded, ImageCache, cache_path
 from covidxray.data.labels import Task, get_task
-from covidxray.data.split import SPLITS, patients_overlap, split_by_patient
+from covidxray.data.split import SPLITS, make_splits, patients_overlap
 from covidxray.errors import UserError
 from covidxray.sources import Dropped, Record, build_source
 from covidxray.sources.descriptors import dedup_priority
@@ -166,6 +166,10 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
     """Run the whole preparation; returns the manifest it wrote."""
     started = time.time()
     task = get_task(config.task)
+    if config.holdout_source and config.holdout_source not in config.sources:
+        raise UserError(f"data.holdout_source: {config.holdout_source!r} is not one of the sources being prepared ({', '.join(config.sources)})")
+    if config.holdout_source and config.split == "source":
+        raise UserError("data.holdout_source makes the held-out source the whole test split; it cannot be combined with data.split: source")
     if not -1 <= config.dedup_max_distance <= MAX_DEDUP_DISTANCE:
         raise UserError(f"data.dedup_max_distance={config.dedup_max_distance}: use -1 (exact duplicates only) to {MAX_DEDUP_DISTANCE}")
     progress = progress or (lambda done, total=None: None)
@@ -192,7 +196,10 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
             log(f"removed {summary['total']} duplicate image(s) ({summary['exact']} exact, {summary['perceptual']} near); "
                 f"merged {summary['patients_merged']} patient id(s); see {DUPLICATE_TABLE}")
 
-        splits = split_by_patient(deduped.kept, task, config.val_fraction, config.test_fraction, config.seed)
+        splits, split_report = make_splits(deduped.kept, task, config.split, config.holdout_source, config.val_fraction, config.test_fraction, config.seed)
+        if split_report.get("patients_moved_to_test"):
+            log(f"{split_report['patients_moved_to_test']} patient(s) had images on both sides of the {split_report['mode']} split: "
+                f"all their images went to test ({split_report['records_moved_to_test']} image(s) moved there)")
         overlap = patients_overlap(splits)
         if overlap:
             raise AssertionError(f"patient split is unsound: {overlap[:5]} in several splits")
@@ -225,6 +232,7 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
 
     manifest = build_manifest(config, task, splits, receipts, dropped, deduped, collected.sources)
     manifest["shards_reused"] = reused
+    manifest["split"] = split_report
     manifest["seconds"] = round(time.time() - started, 2)
     tmp = out / (MANIFEST + ".partial")
     tmp.write_text(json.dumps(manifest, indent=2))

@@ -136,23 +136,18 @@ class World:
             return optimizer
         return self.hvd.DistributedOptimizer(optimizer, compression=self.tuning.compression(self.hvd))
 
-    def callbacks(self, scaled_lr: float, warmup_epochs: int, steps_per_epoch: int) -> list:
-        """Average metrics before any metric-driven callback; warm the LR up from lr to lr x size.
+    def callbacks(self) -> list:
+        """Average metrics before any metric-driven callback.
 
-        No broadcast callback: `World.run` broadcasts (or elastically syncs)
-        rank 0's state before the first step, so every rank starts from the
-        same, possibly resumed, weights and optimizer slots.
+        The LR (scaled by size, warmed up, decayed) is set by
+        covidxray.train.schedule for one process and many alike. No broadcast
+        callback: `World.run` broadcasts (or elastically syncs) rank 0's state
+        before the first step, so every rank starts from the same, possibly
+        resumed, weights and optimizer slots.
         """
         if self.hvd is None:
             return []
-        callbacks = [self.hvd.callbacks.MetricAverageCallback()]
-        if warmup_epochs > 0 and self.size > 1:
-            callbacks.append(
-                self.hvd.callbacks.LearningRateWarmupCallback(
-                    initial_lr=scaled_lr, warmup_epochs=warmup_epochs, steps_per_epoch=steps_per_epoch, verbose=0
-                )
-            )
-        return callbacks
+        return [self.hvd.callbacks.MetricAverageCallback()]
 
     def make_state(self, model: tf.keras.Model, optimizer, **values: Any):
         if self.elastic:

@@ -2,10 +2,17 @@
 
 Every model takes (size, size, 1) gray values 0..255 and rescales inside, so
 preprocessing is part of the model and cannot drift between train and predict.
-Nothing is downloaded: Keras applications start from `weights=None` or from a
-weights file the user names, which is loaded into the backbone exactly where
-Keras would load its downloaded ImageNet file (e.g. the `..._no_top.h5` copied
-to the board by hand); for small_cnn the file holds the whole model's weights.
+Keras applications start from `weights=None`, from `imagenet` (Keras' own
+download and cache, see covidxray.train.weights) or from a weights file the
+user names, which is loaded into the backbone exactly where Keras loads its
+ImageNet file (e.g. the `..._no_top.h5` written by `covidxray weights
+download`); for small_cnn the file holds the whole model's weights.
+
+Gray input goes to the 3-channel backbones as three copies of 0..255: both
+backbones expect 0..255 RGB with `include_preprocessing` (the Keras 2.15
+default). MobileNetV3 rescales to -1..1 itself; EfficientNet divides by 255
+and then applies its Normalization layer (ImageNet mean/std with imagenet
+weights, identity otherwise). Equal channels are a gray image in that range.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Callable
 import tensorflow as tf
 
 from covidxray.errors import UserError
+from covidxray.train.weights import IMAGENET, cached_imagenet_file
 
 layers = tf.keras.layers
 MODEL_REGISTRY: dict[str, Callable[..., tf.keras.Model]] = {}
@@ -33,7 +41,7 @@ def _checked_weights(weights: str) -> str | None:
     if not weights:
         return None
     if not Path(weights).is_file():
-        raise UserError(f"weights file {weights} not found (train.weights)")
+        raise UserError(f"weights file {weights} not found (train.weights: a file, or {IMAGENET} for the Keras applications)")
     return weights
 
 
@@ -51,6 +59,8 @@ def small_cnn(image_size: int, num_classes: int, weights: str = "") -> tf.keras.
     x = layers.Dropout(0.5)(x)
     outputs = layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
     model = tf.keras.Model(inputs, outputs, name="small_cnn")
+    if weights == IMAGENET:
+        raise UserError(f"small_cnn has no ImageNet weights (train.weights: {IMAGENET} is for mobilenet_v3_small and efficientnet_b0)")
     if _checked_weights(weights):
         try:
             model.load_weights(weights)
@@ -63,8 +73,9 @@ def _application(backbone_fn, name: str):
     def build(image_size: int, num_classes: int, weights: str = "") -> tf.keras.Model:
         inputs = layers.Input((image_size, image_size, 1), name="image")
         rgb = layers.Concatenate()([inputs, inputs, inputs])  # backbones expect 3 channels of 0..255
+        weights_file = cached_imagenet_file(name) if weights == IMAGENET else _checked_weights(weights)
         try:
-            backbone = backbone_fn(include_top=False, weights=_checked_weights(weights), input_shape=(image_size, image_size, 3), pooling="avg")
+            backbone = backbone_fn(include_top=False, weights=weights_file, input_shape=(image_size, image_size, 3), pooling="avg")
         except (ValueError, OSError) as err:
             raise UserError(f"weights file {weights} is not {name} backbone weights (include_top=False): {err}") from None
         x = layers.Dropout(0.2)(backbone(rgb))

@@ -29,10 +29,12 @@ from covidxray.config import Config
 from covidxray.data.prepare import load_manifest, manifest_sha256, shard_paths
 from covidxray.data.preprocess import PREPROCESSING
 from covidxray.errors import UserError
+from covidxray.train.batchnorm import RecomputeBatchNorm, batches_per_rank
 from covidxray.train.distributed import CommitEpoch, HorovodTuning, World, check_launch_mode, init_world
 from covidxray.train.input import make_dataset
 from covidxray.train.metrics import cross_entropy, macro_auc
 from covidxray.train.models import build_model
+from covidxray.train.schedule import LearningRateSchedule
 
 MODEL_FILE = "model.keras"
 MODEL_CARD = "model.json"
@@ -42,6 +44,7 @@ LATEST = "latest.json"
 PARTIAL = ".partial"
 KEEP_CHECKPOINTS = 2
 MONITOR = "val_auc"  # macro one-vs-rest ROC AUC on the validation split
+PREDICTED_CLASSES = "val_predicted_classes"  # distinct argmax classes on val; 1 = a constant predictor
 
 
 def write_json(path: Path, payload: Any) -> None:
@@ -50,11 +53,16 @@ def write_json(path: Path, payload: Any) -> None:
     os.replace(tmp, path)
 
 
-def class_weights(counts: dict[str, int], labels: list[str]) -> dict[int, float]:
-    """Inverse-frequency weights (mean 1 over samples) so a rare class is not ignored."""
+def class_weights(counts: dict[str, int], labels: list[str], power: float = 1.0) -> dict[int, float]:
+    """Weights proportional to count^-power, scaled to mean 1 over the samples, so a rare class is not ignored.
+
+    power 1 is inverse frequency (each class carries the same total weight); 0.5 (square root) tempers the
+    weight of a very rare class, e.g. 25 covid-19 images among 4000 get 8.8 instead of 54.
+    """
     total = sum(counts.get(c, 0) for c in labels)
-    present = [c for c in labels if counts.get(c, 0)]
-    return {i: (total / (len(present) * counts[c]) if counts.get(c, 0) else 0.0) for i, c in enumerate(labels)}
+    raw = {c: counts[c] ** -power for c in labels if counts.get(c, 0)}
+    scale = total / sum(counts[c] * w for c, w in raw.items()) if raw else 0.0
+    return {i: raw[c] * scale if c in raw else 0.0 for i, c in enumerate(labels)}
 
 
 def clean_metrics(logs: dict) -> dict:
@@ -90,6 +98,7 @@ class Validation(tf.keras.callbacks.Callback):
             "val_loss": cross_entropy(truth, probs),
             "val_accuracy": float((probs.argmax(1) == truth).mean()),
             MONITOR: float("nan") if auc is None else auc,
+            PREDICTED_CLASSES: len(np.unique(probs.argmax(1))),
         })
 
 
@@ -118,6 +127,8 @@ class EpochLog(tf.keras.callbacks.Callback):
             return
         write_json(self.run_dir / TRAIN_LOG, {**self.header, "epochs": self.state.history})
         slowest = int(np.argmin(rates))
+        if entry.get(PREDICTED_CLASSES) == 1:
+            self.say(collapse_warning(epoch + 1))
         self.say(
             f"epoch {epoch + 1}: loss {entry.get('loss') or 0:.4f} val_auc {entry.get(MONITOR) or 0:.4f} "
             f"val_accuracy {entry.get('val_accuracy') or 0:.4f} | {sum(rates):.0f} img/s total, "
@@ -142,6 +153,15 @@ class BestTracker(tf.keras.callbacks.Callback):
             self.state.epochs_since_best += 1
         if stopped_early(self.state, self.patience):
             self.model.stop_training = True
+
+
+def collapse_warning(epoch: int) -> str:
+    return (f"warning: after epoch {epoch} every validation image is predicted as the same class: the model is a "
+            "constant predictor so far (see docs/training.md, 'A constant predictor')")
+
+
+def collapsed_epochs(history: list[dict]) -> list[int]:
+    return [entry["epoch"] for entry in history if entry.get(PREDICTED_CLASSES) == 1]
 
 
 def stopped_early(state, patience: int) -> bool:
@@ -237,7 +257,8 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
     tf.keras.utils.set_random_seed(cfg.seed)
     model = build_model(cfg.model, image_size, len(labels), cfg.weights)
     optimizer = world.distributed_optimizer(tf.keras.optimizers.Adam(cfg.learning_rate))
-    model.compile(optimizer=optimizer, loss="categorical_crossentropy", metrics=["accuracy"])
+    loss = tf.keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing)
+    model.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
     optimizer.build(model.trainable_variables)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
 
@@ -253,7 +274,7 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
         "labels": labels, "image_size": image_size, "task": manifest["task"], "model": cfg.model,
         "preprocessing": PREPROCESSING, "manifest_sha256": manifest_sha256(data_dir),
     }
-    weights = class_weights(manifest["splits"]["train"]["classes"], labels) if cfg.class_weights else None
+    weights = class_weights(manifest["splits"]["train"]["classes"], labels, cfg.class_weight_power) if cfg.class_weights else None
 
     def attempt(state) -> dict:
         """One `fit` with the current world; elastic jobs call it again after a membership change."""
@@ -261,13 +282,16 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
         data_args = dict(image_size=image_size, num_classes=len(labels), batch_size=cfg.batch_size, rank=world.rank, size=world.size, threads=world.cores_per_rank)
         train_ds, my_shards = make_dataset(shard_paths(data_dir, "train"), training=True, augment=cfg.augment, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed, **data_args)
         val_ds, _ = make_dataset(shard_paths(data_dir, "val"), **data_args)
-        scaled_lr = cfg.learning_rate * world.size
-        tf.keras.backend.set_value(optimizer.learning_rate, scaled_lr)  # after warmup; the warmup callback ramps up to it
+        scaled_lr = cfg.learning_rate * world.size  # the peak; LearningRateSchedule sets every step's LR
         ranks = world.allgather_object({"rank": world.rank, "host": world.hostname, "shards": [Path(f).name for f in my_shards.files], "record_level_sharding": my_shards.record_level})
         header = {"world_size": world.size, "elastic": world.elastic, "steps_per_epoch": steps_per_epoch, "ranks": ranks, "horovod": world.tuning.record()}
-        callbacks = [
+        callbacks = [LearningRateSchedule(scaled_lr, cfg.warmup_epochs, cfg.epochs, steps_per_epoch, cfg.lr_schedule)]
+        if cfg.bn_recalibration_images:  # before Validation: val and the saved model use the re-estimated statistics
+            calibration_ds, _ = make_dataset(shard_paths(data_dir, "train"), training=True, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed + 1, **data_args)
+            callbacks.append(RecomputeBatchNorm(world, calibration_ds, batches_per_rank(cfg.bn_recalibration_images, cfg.batch_size, world.size)))
+        callbacks += [
             Validation(world, val_ds),
-            *world.callbacks(scaled_lr, cfg.warmup_epochs, steps_per_epoch),
+            *world.callbacks(),
             EpochLog(world, state, steps_per_epoch * cfg.batch_size, header, run_dir, say),
             BestTracker(state, cfg.early_stopping_patience),
         ]
@@ -284,12 +308,15 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
                 class_weight=weights, callbacks=callbacks, verbose=1 if world.is_root and os.isatty(1) else 0,
             )
         # Proof that data parallelism kept the replicas identical: every rank's weight digest.
-        return {**header, "epochs": state.history, "best": state.best,
+        return {**header, "epochs": state.history, "best": state.best, "collapsed_epochs": collapsed_epochs(state.history),
                 "optimizer_steps": int(optimizer.iterations.numpy()), "weights_sha256_per_rank": world.allgather_object(weights_digest(model))}
 
     log = world.run(attempt, state)
     if world.is_root:
         write_json(run_dir / TRAIN_LOG, log)
+        if log["best"].get(PREDICTED_CLASSES) == 1:
+            say(f"warning: the saved model (epoch {log['best']['epoch']}) predicts one class for every validation image; "
+                "it has not learned to tell the classes apart (see docs/training.md, 'A constant predictor')")
     return log
 
 
