@@ -21,6 +21,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -140,6 +141,23 @@ def run(cmd: list[str], env: dict | None = None, timeout: int = 3600, cwd: Path 
     if result.returncode != 0:
         sys.exit(f"command failed ({result.returncode}): {shlex.join(cmd)}\n{result.stderr[-4000:]}")
     return result
+
+
+# Peak RSS is measured by a tiny launcher process: Linux carries a parent's RSS high-water mark over
+# fork + exec into the child's ru_maxrss, so a child of a TensorFlow-sized benchmark would report the parent's.
+_LAUNCHER = (
+    "import json, resource, subprocess, sys, time; started = time.perf_counter(); code = subprocess.call(sys.argv[2:]); "
+    "open(sys.argv[1], 'w').write(json.dumps([code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, time.perf_counter() - started]))"
+)
+
+
+def measured_run(cmd: list[str], env: dict | None = None) -> tuple[subprocess.CompletedProcess, int, float, float]:
+    """Run `cmd` under the launcher: (its result, exit code, peak RSS in MiB of its largest process, wall seconds)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        measured = Path(tmp) / "rusage.json"
+        result = subprocess.run([sys.executable, "-c", _LAUNCHER, str(measured), *cmd], capture_output=True, text=True, env=env)
+        code, max_rss_kib, seconds = json.loads(measured.read_text())
+    return result, code, max_rss_kib / 1024, seconds  # Linux reports KiB
 
 
 def covidxray(*args: str) -> list[str]:

@@ -26,10 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import _bench
@@ -89,22 +86,11 @@ def imported_modules(importtime_log: str) -> set[str]:
     return {line.rsplit("|", 1)[1].strip() for line in importtime_log.splitlines() if line.startswith("import time:") and "|" in line}
 
 
-# Peak RSS is measured by a tiny launcher process: Linux carries a parent's RSS high-water mark over
-# fork + exec into the child's ru_maxrss, so a child of this (TensorFlow-sized) process would report ours.
-_LAUNCHER = (
-    "import json, resource, subprocess, sys, time; started = time.perf_counter(); code = subprocess.call(sys.argv[2:]); "
-    "open(sys.argv[1], 'w').write(json.dumps([code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, time.perf_counter() - started]))"
-)
-
-
 def predict_process(model_path: Path, images: list[Path]) -> dict:
     """Run `covidxray predict` as a user would; peak RSS of that process alone and what it imported."""
     cmd = _bench.covidxray("predict", *map(str, images), "--model", str(model_path), "--json")
     env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    with tempfile.TemporaryDirectory() as tmp:
-        measured = Path(tmp) / "rusage.json"
-        result = subprocess.run([sys.executable, "-c", _LAUNCHER, str(measured), *cmd], capture_output=True, text=True, env=env)
-        code, max_rss_kib, seconds = json.loads(measured.read_text())
+    result, code, peak_rss_mib, seconds = _bench.measured_run(cmd, env)
     if result.returncode != 0 or code != 0:
         sys.exit(f"covidxray predict failed ({code}):\n{result.stderr[-3000:]}")
     modules = imported_modules(result.stderr)
@@ -112,7 +98,7 @@ def predict_process(model_path: Path, images: list[Path]) -> dict:
         "command": " ".join(cmd),
         "images": len(images),
         "predicted": len(json.loads(result.stdout)),
-        "peak_rss_mib": max_rss_kib / 1024,  # Linux reports KiB
+        "peak_rss_mib": peak_rss_mib,
         "wall_s": seconds,
         "tensorflow_imported": any(m == "tensorflow" or m.startswith("tensorflow.") for m in modules),
         "keras_imported": any(m == "keras" or m.startswith("keras.") for m in modules),

@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 import _bench
-from bench_predict import _LAUNCHER
 
 RECIPES = {
     "kaggle-pneumonia": {
@@ -46,27 +43,14 @@ RECIPES = {
     },
 }
 BOOTSTRAP_ROUNDS = 2000
-ECE_BINS = 15
 
 
 def measured_run(cmd: list[str]) -> dict:
-    """Run `cmd` under the launcher: its wall seconds and peak RSS (of that process tree's largest process)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        measured = Path(tmp) / "rusage.json"
-        result = subprocess.run([sys.executable, "-c", _LAUNCHER, str(measured), *cmd], capture_output=True, text=True,
-                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-        code, max_rss_kib, seconds = json.loads(measured.read_text())
+    """Run `cmd`: its wall seconds and peak RSS (of that process tree's largest process)."""
+    result, code, peak_rss_mib, seconds = _bench.measured_run(cmd, {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if result.returncode != 0 or code != 0:
         sys.exit(f"command failed ({code}): {' '.join(cmd)}\n{result.stderr[-4000:]}")
-    return {"seconds": seconds, "peak_rss_mib": max_rss_kib / 1024, "stderr": result.stderr}
-
-
-def expected_calibration_error(labels: np.ndarray, probabilities: np.ndarray, bins: int = ECE_BINS) -> float:
-    """Sum over equal-width confidence bins of (bin share) x |accuracy - mean confidence| (Guo et al. 2017)."""
-    confidence = probabilities.max(1)
-    correct = probabilities.argmax(1) == labels
-    which = np.minimum((confidence * bins).astype(int), bins - 1)
-    return float(sum(abs(correct[which == b].mean() - confidence[which == b].mean()) * (which == b).mean() for b in range(bins) if (which == b).any()))
+    return {"seconds": seconds, "peak_rss_mib": peak_rss_mib, "stderr": result.stderr}
 
 
 def point_metrics(labels: np.ndarray, probabilities: np.ndarray, class_names: list[str]) -> dict:
@@ -139,7 +123,7 @@ def main() -> None:
         "test_images": int(labels.size), "test_classes": {name: int((labels == c).sum()) for c, name in enumerate(class_names)},
         "splits": {split: info["classes"] for split, info in manifest["splits"].items()},
         "majority_baseline": float(np.bincount(labels, minlength=len(class_names)).max() / labels.size),
-        "metrics": point, "ci95": intervals, "ece": expected_calibration_error(labels, probabilities),
+        "metrics": point, "ci95": intervals, "ece": evaluation["calibration"]["ece"],
         "epochs_run": len(train_log["epochs"]), "best_epoch": train_log["best"].get("epoch"),
         "best_val_auc": train_log["best"].get("val_auc"), "collapsed_epochs": train_log.get("collapsed_epochs", []),
         "train_seconds": trained["seconds"], "train_peak_rss_mib": trained["peak_rss_mib"],

@@ -110,12 +110,6 @@ def _bench_quality():
     return bench_quality
 
 
-def test_bench_ece_matches_a_hand_computation():
-    probabilities = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.4, 0.6]])
-    labels = np.array([0, 1, 1, 1])  # right at 0.9, wrong at 0.8, right at 0.7 and 0.6: four separate bins
-    assert _bench_quality().expected_calibration_error(labels, probabilities) == pytest.approx((0.1 + 0.8 + 0.3 + 0.4) / 4)
-
-
 def test_bench_bootstrap_interval_of_accuracy_matches_the_normal_approximation():
     rng = np.random.default_rng(3)
     n, p = 1000, 0.8
