@@ -16,12 +16,13 @@ from pathlib import Path
 
 # Default data.max_pixels, sized for a Raspberry Pi 4 with 4 GB and one decode worker per core:
 #   ~3.3 GB usable by programs (the OS and the GPU split keep the rest) - ~0.5 GB for prepare's main process
-#   = 2.8 GB for 4 workers = 700 MB each; minus ~120 MB a worker holds before decoding (Python, numpy,
-#   OpenCV, pydicom) = ~580 MB for one image's buffers. The costliest path measured (a 16-bit DICOM through
-#   the modality LUT and the window, float64 throughout) peaks at ~27 bytes per pixel (scripts/probe in
-#   docs/datasets.md), so 580 MB / 27 B = ~21 M pixels; 20 M pixels (e.g. 4472 x 4472) keeps every real
-#   detector (43 x 43 cm at 0.1 mm is 4300 x 4300 = 18.5 M) and refuses the 30000 x 30000 bomb.
-DEFAULT_MAX_PIXELS = 20_000_000
+#   = 2.8 GB for 4 workers = 700 MB each; minus ~200 MB a worker holds before decoding (Python, numpy,
+#   OpenCV, pydicom: measured peak RSS after imports) = ~500 MB for one image's buffers. Peak growth per
+#   decoded pixel, measured (ru_maxrss of a fresh worker decoding a 3000 x 3000 file): 8-bit PNG/JPEG
+#   < 1 byte, 16-bit gray PNG 13.5, 16-bit RGB PNG 18.3, 16-bit windowed DICOM 30.9 bytes (float64 LUTs).
+#   500 MB / 31 B = 16 M pixels: 4000 x 4000, above a 35 x 43 cm CR plate at 0.1 mm (3520 x 4280 = 15.1 M)
+#   and every DR panel; it refuses the 16000 x 16000 and 30000 x 30000 bombs. Boards with 8 GB can take ~2x.
+DEFAULT_MAX_PIXELS = 16_000_000
 _HEAD_BYTES = 64 << 10  # JPEG puts its SOF after EXIF/ICC segments, which can be tens of kB
 
 

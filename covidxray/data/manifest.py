@@ -40,15 +40,17 @@ def seal(manifest: dict) -> dict:
     return {**manifest, CHECKSUM: {"sha256": canonical_sha256(manifest), "over": "sorted compact JSON of every other key"}}
 
 
-def write_manifest(data_dir: Path, manifest: dict) -> None:
-    """Seal and write atomically: this rename is the moment the new data set becomes the data set."""
+def write_manifest(data_dir: Path, manifest: dict) -> dict:
+    """Seal and write atomically (this rename is the moment the new data set becomes the data set); returns it sealed."""
     path = Path(data_dir) / MANIFEST
     tmp = path.with_name(path.name + ".partial")
+    sealed = seal(manifest)
     with open(tmp, "w") as handle:
-        handle.write(json.dumps(seal(manifest), indent=2))
+        handle.write(json.dumps(sealed, indent=2))
         handle.flush()
         os.fsync(handle.fileno())  # the rename must never publish a manifest whose bytes are still in flight
     os.replace(tmp, path)
+    return sealed
 
 
 def read_manifest(path: Path) -> dict:

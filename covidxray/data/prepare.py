@@ -235,7 +235,7 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
             manifest["shards_reused"] = reused
             manifest["seconds"] = round(time.time() - started, 2)
             previous = _listed_shards(out)
-            write_manifest(out, manifest)
+            manifest = write_manifest(out, manifest)
         except OSError as err:  # out of disk, most often
             raise UserError(f"writing the new data set into {out} failed ({err.strerror or err}); the previous data set there, if any, is "
                             f"untouched and still valid. Free some space (or use another --data-dir) and re-run prepare: finished shards are kept") from None
