@@ -118,6 +118,28 @@ def test_a_file_name_that_is_not_utf8_is_prepared_like_any_other(talo_with_latin
     assert "00001290_000-caf\\udce9.png" in (data_dir / "splits.csv").read_text()  # the table stays UTF-8, the byte shown escaped
 
 
+@pytest.fixture
+def real_talo_with_a_latin1_name(shared_data, tmp_path) -> tuple[Path, bytes]:
+    """The real talo sample with one NIH radiograph renamed to a Latin-1 (not UTF-8) name."""
+    root = Path(shutil.copytree(shared_data / "covid19-talo-sample", tmp_path / "talo"))
+    folder = root / "X-Ray Image DataSet" / "No_findings"
+    original = sorted(folder.iterdir())[0]
+    renamed = os.path.join(os.fsencode(folder), original.stem.encode() + b"-caf\xe9.png")
+    os.rename(original, renamed)
+    return root, renamed
+
+
+def test_the_real_talo_sample_with_a_latin1_name_prepares_in_two_workers(real_talo_with_a_latin1_name, tmp_path):
+    root, renamed = real_talo_with_a_latin1_name
+    data_dir = tmp_path / "data"
+    manifest = prepare(data_config(data_dir, root, workers=2, image_size=64), log=lambda _: None)
+    assert sum(s["records"] for s in manifest["shards"]) == 24
+    name = os.fsdecode(os.path.basename(renamed))
+    (record,) = [r for r in tfrecord.read_records(data_dir / "shards" / s["file"] for s in manifest["shards"]) if f":{name}:" in r["record_id"]]
+    gray = cv2.imdecode(np.fromfile(os.fsdecode(renamed), np.uint8), cv2.IMREAD_GRAYSCALE)  # decoded independently of prepare
+    assert np.array_equal(record["image"][:, :, 0], cv2.resize(gray, (64, 64), interpolation=cv2.INTER_AREA))
+
+
 # ------------------------------------------------------------------ pixel counts
 
 
@@ -372,11 +394,13 @@ def test_resume_refuses_other_settings_or_data_unless_forced(run_inputs, talo, t
     check_before_training(World(), config, data_dir, manifest, resume=True, force=True, say=said.append)
     assert any(line.startswith("--force: resuming") for line in said)
     assert json.loads((Path(config.train.run_dir) / RUN_INPUTS).read_text())["train"]["batch_size"] == 8  # the record follows --force
+    same_data = prepare(data_config(data_dir, talo), log=lambda _: None)  # a re-prepare of the same data is the same data set
+    check_before_training(World(), config, data_dir, same_data, resume=True, force=False, say=lambda _: None)
 
     other_dir = tmp_path / "other-data"
     other = prepare(data_config(other_dir, talo, seed=7), log=lambda _: None)
     config.data.data_dir = str(other_dir)
-    with pytest.raises(UserError, match=r"different data set \(manifest.json sha256 \w{12} then, \w{12} now\)"):
+    with pytest.raises(UserError, match=r"different data set \(manifest.json content sha256 \w{12} then, \w{12} now\)"):
         check_before_training(World(), config, other_dir, other, resume=True, force=False, say=lambda _: None)
 
 

@@ -23,6 +23,7 @@ ending the run.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -37,6 +38,7 @@ from typing import Callable, Iterable
 
 from covidxray.data import dedup, preprocess
 from covidxray.data.image_header import DEFAULT_MAX_PIXELS
+from covidxray.errors import UserError
 
 _SCHEMA_VERSION = 2  # 2: keyed by content sha256 (1 was path, size, mtime)
 _SCHEMA = """CREATE TABLE IF NOT EXISTS images (
@@ -159,7 +161,9 @@ class ImageCache:
         self.path = path
         try:
             self.db = self._open()
-        except sqlite3.DatabaseError as err:
+        except sqlite3.OperationalError as err:  # locked, no permission, disk full: the file itself may be fine
+            raise UserError(f"cannot use the decode cache {path} ({err}); check the folder's permissions and free space") from None
+        except sqlite3.DatabaseError as err:  # not an SQLite file, or a malformed one
             damaged = path.with_name(path.name + ".damaged")
             for leftover in (damaged, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
                 leftover.unlink(missing_ok=True)
@@ -185,7 +189,8 @@ class ImageCache:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.db.commit()
+        with contextlib.suppress(sqlite3.OperationalError):  # a full disk was reported where it happened
+            self.db.commit()
         self.db.close()
 
     def png(self, content: bytes) -> bytes:
@@ -233,8 +238,12 @@ class ImageCache:
                     take(decode(job))
             else:
                 self._decode_parallel(jobs, workers, decode, take, log)
+        except sqlite3.OperationalError as err:
+            raise UserError(f"writing the decode cache {self.path} failed ({err}); free some space (or use another --data-dir) "
+                            "and re-run prepare: the previous data set is untouched, and what was decoded so far is kept") from None
         finally:
-            self.db.commit()
+            with contextlib.suppress(sqlite3.OperationalError):
+                self.db.commit()
         unreadable = Decoded(reason="missing", detail="file not found or not readable")
         results = {path: by_content[contents[path]] if path in contents else unreadable for path in paths}
         progress(len(paths) - len(jobs))  # cached, unreadable, or the same bytes as another path

@@ -36,6 +36,13 @@ def canonical_sha256(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def content_sha256(manifest: dict) -> str:
+    """sha256 of what training reads (task, labels, image size, preprocessing, every shard's sha256), not of
+    run details such as the time prepare took: a re-prepare of the same data keeps it."""
+    content = {k: manifest.get(k) for k in ("task", "labels", "image_size", "preprocessing", "shards")}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def seal(manifest: dict) -> dict:
     return {**manifest, CHECKSUM: {"sha256": canonical_sha256(manifest), "over": "sorted compact JSON of every other key"}}
 

@@ -2,7 +2,8 @@
 
 - Every rank verifies the shard files it will read against the sha256s in the
   (sealed) manifest, so a bit-flipped or relabelled shard is never trained on.
-- `--resume` refuses when the data set (manifest hash) or a training setting
+- `--resume` refuses when the data set (the manifest's content hash: labels,
+  image size, preprocessing, every shard's sha256) or a training setting
   differs from what the run started with, naming each difference; `--force`
   continues anyway and records the new inputs. Settings that may change on a
   resume without changing what is learned so far: epochs (to train longer),
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from covidxray.config import Config
-from covidxray.data.manifest import MANIFEST, describe_shard_problems, manifest_sha256, shard_paths, shard_problems
+from covidxray.data.manifest import MANIFEST, content_sha256, describe_shard_problems, shard_paths, shard_problems
 from covidxray.errors import UserError
 from covidxray.train.input import assign_shards
 
@@ -48,14 +49,14 @@ def _resume_error(run_dir: Path, inputs: dict, force: bool, say: Callable[[str],
         return None  # a run from before this record existed: nothing to compare with
     try:
         saved = json.loads(path.read_text())
-        saved_settings, saved_manifest = dict(saved["train"]), saved["manifest_sha256"]
+        saved_settings, saved_data = dict(saved["train"]), saved["data_sha256"]
     except (ValueError, KeyError, TypeError) as err:
         if force:
             return None
         return (f"{path} is damaged ({err.__class__.__name__}), so it is unknown what this run was trained with; "
                 "resume with --resume --force if you are sure the config and data are the same, or start over without --resume")
-    differences = [f"data set ({MANIFEST} sha256 {saved_manifest[:12]} then, {inputs['manifest_sha256'][:12]} now)"] \
-        if saved_manifest != inputs["manifest_sha256"] else []
+    differences = [f"data set ({MANIFEST} content sha256 {saved_data[:12]} then, {inputs['data_sha256'][:12]} now)"] \
+        if saved_data != inputs["data_sha256"] else []
     settings = inputs["train"]
     differences += [f"train.{key} ({saved_settings.get(key)!r} then, {settings.get(key)!r} now)"
                     for key in sorted(set(saved_settings) | set(settings)) if saved_settings.get(key) != settings.get(key)]
@@ -73,7 +74,7 @@ def check_before_training(world, config: Config, data_dir: Path, manifest: dict,
     """Raise the same UserError on every rank when a shard is damaged or a resume does not match; else record the inputs."""
     started = time.perf_counter()
     run_dir = Path(config.train.run_dir)
-    inputs = {"manifest_sha256": manifest_sha256(data_dir), "train": training_settings(config)}
+    inputs = {"data_sha256": content_sha256(manifest), "data_dir": str(data_dir), "train": training_settings(config)}
     files, error = _rank_shards(world, data_dir, manifest)
     if error is None and world.is_root and resume:
         error = _resume_error(run_dir, inputs, force, say)
