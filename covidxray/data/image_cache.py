@@ -112,7 +112,7 @@ def _content_or_none(path: str) -> bytes | None:
         return None
 
 
-def worker_died(path: str) -> Decoded:
+def _worker_died() -> Decoded:
     return Decoded(reason="worker-died", detail=(
         "the decode worker was killed twice while decoding this file (e.g. by the out-of-memory killer); "
         "skipped. Lower data.max_pixels or data.workers if it is a valid radiograph"))
@@ -152,7 +152,7 @@ def _retry_alone(job: Job, decode: Callable) -> tuple[str, bytes | None, Decoded
         try:
             return pool.submit(decode, job).result()
         except BrokenProcessPool:
-            return job[0], None, worker_died(job[0])
+            return job[0], None, _worker_died()
 
 
 class ImageCache:
