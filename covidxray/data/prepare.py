@@ -32,15 +32,14 @@ from covidxray.config import DataConfig
 from covidxray.data import dedup, preprocess
 from covidxray.data.image_cache import Decoded, ImageCache, cache_path
 from covidxray.data.labels import Task, get_task
-from covidxray.data.manifest import MANIFEST, SHARD_DIR, file_sha256, load_manifest, manifest_sha256, shard_paths, write_manifest
+from covidxray.data.manifest import SHARD_DIR, file_sha256, load_manifest, write_manifest
+from covidxray.data.manifest import MANIFEST, manifest_sha256, shard_paths  # noqa: F401  (re-exported: other modules import them from here)
 from covidxray.data.split import SPLITS, patients_overlap, split_by_patient
 from covidxray.errors import UserError
 from covidxray.sources import Dropped, Record, build_source
 from covidxray.sources.archive import ExtractLimits
 from covidxray.sources.descriptors import dedup_priority
 
-__all__ = ["MANIFEST", "load_manifest", "manifest_sha256", "shard_paths", "prepare"]  # the manifest helpers live in
-# data/manifest.py; they stay importable from here, where other modules have always found them
 SPLIT_TABLE = "splits.csv"  # every kept image, its patient and its split: the audit trail of the split
 DROPPED_TABLE = "dropped.csv"  # every row or file not used, and why
 DUPLICATE_TABLE = "duplicates.csv"  # every removed copy and the image kept in its place
