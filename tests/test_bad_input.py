@@ -386,7 +386,12 @@ def test_resume_refuses_other_settings_or_data_unless_forced(run_inputs, talo, t
     from covidxray.train.distributed import World
     from covidxray.train.run_guard import RUN_INPUTS, check_before_training
 
+    from conftest import run_cli
+
     config, data_dir, manifest = run_inputs
+    result = run_cli("train", "--data-dir", str(data_dir), "--run-dir", config.train.run_dir, "--resume", "--batch-size", "8")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--resume would continue" in result.stderr and "train.batch_size (32 then, 8 now)" in " ".join(result.stderr.split())
     config.train.epochs, config.train.batch_size, config.train.learning_rate = 50, 8, 0.01
     with pytest.raises(UserError, match=r"different train\.batch_size \(32 then, 8 now\); train\.learning_rate \(0\.001 then, 0\.01 now\)\. .*--force"):
         check_before_training(World(), config, data_dir, manifest, resume=True, force=False, say=lambda _: None)
