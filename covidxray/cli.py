@@ -124,6 +124,7 @@ def train(
     epochs: Optional[int] = typer.Option(None),
     batch_size: Optional[int] = typer.Option(None, help="Per rank."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --run-dir."),
+    force: bool = typer.Option(False, "--force", help="With --resume: continue although the data set or training settings differ from the run's."),
     elastic: Optional[bool] = typer.Option(None, "--elastic", help="Elastic job (horovodrun --min-np/--max-np/--host-discovery-script): survives losing workers."),
 ):
     """Train (single process, or one rank under `horovodrun` / `mpirun`)."""
@@ -132,7 +133,7 @@ def train(
     def go():
         from covidxray.train.trainer import train as do_train
 
-        do_train(cfg, resume=resume, say=console.print)
+        do_train(cfg, resume=resume, say=console.print, force=force)
 
     run(go)
 

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from covidxray.data.labels import HARMONISED_LABELS
+from covidxray.data.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
 
 
@@ -74,6 +75,14 @@ class DataConfig:
     # Source finding -> harmonised label, for findings the descriptors leave unmapped (prepare lists
     # them with the exact line to add here) or map differently; wins over every descriptor.
     label_overrides: dict[str, str] = setting(default_factory=dict, choices=HARMONISED_LABELS)
+    # Images declaring more pixels are refused before decoding (prepare and predict); the default fits one
+    # decode worker per core on a 4 GB board (arithmetic in covidxray/data/image_header.py).
+    max_pixels: int = setting(DEFAULT_MAX_PIXELS, low=256)
+    # Archive extraction stops with an error beyond this many bytes in total, or when the archive would
+    # expand to more than max_compression_ratio x its own size (zip bombs); real collections are ~1-10 GB of JPEG/PNG.
+    # A zip bomb (a 9.7 MB zip holding a 2 GiB member) is ~220x; JPEG/PNG collections ~1x, CSVs ~10x.
+    max_extract_bytes: int = setting(64 << 30, low=1)
+    max_compression_ratio: float = setting(100.0, above=1.0)
 
 
 @dataclass

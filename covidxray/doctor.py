@@ -2,13 +2,12 @@
 
 A 35-board job fails on its weakest board: an old wheel, a Horovod built
 without Gloo, a missing mpirun, a full SD card or a shard that differs from
-the manifest. `--json` output from every board (over ssh) can be diffed;
+the manifest (or a manifest edited after prepare sealed it). `--json` output from every board (over ssh) can be diffed;
 the exit status is non-zero when something training needs is missing.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import ipaddress
 import json
@@ -59,27 +58,15 @@ def _available_memory_mb() -> int | None:
     return None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def check_shards(data_dir: Path) -> dict:
-    """Every shard the manifest lists exists and has the sha256 the manifest recorded."""
-    from covidxray.data.prepare import load_manifest
+    """The manifest is intact (its own checksum) and every shard it lists exists with the sha256 it recorded."""
+    from covidxray.data.manifest import load_manifest, shard_problems
 
-    manifest = load_manifest(data_dir)
-    missing, mismatched = [], []
-    for shard in manifest["shards"]:
-        path = data_dir / "shards" / shard["file"]
-        if not path.is_file():
-            missing.append(shard["file"])
-        elif _sha256(path) != shard["sha256"]:
-            mismatched.append(shard["file"])
-    return {"data_dir": str(data_dir), "shards": len(manifest["shards"]), "missing": missing, "sha256_mismatch": mismatched}
+    try:
+        manifest = load_manifest(data_dir)
+    except UserError as err:
+        return {"data_dir": str(data_dir), "manifest_error": str(err), "shards": 0, "missing": [], "sha256_mismatch": []}
+    return {"data_dir": str(data_dir), "manifest_error": None, "shards": len(manifest["shards"]), **shard_problems(data_dir, manifest)}
 
 
 def training_memory(data_dir: Path, config_path: Path | None, available_mb: int | None) -> dict:
@@ -184,6 +171,7 @@ def diagnose(data_dir: Path | None = None, config_path: Path | None = None, memo
     if data_dir is not None:
         shards = check_shards(Path(data_dir))
         bad = shards["missing"] + shards["sha256_mismatch"]
+        checks.append(_check("manifest intact (its own checksum)", not shards["manifest_error"], shards["manifest_error"] or "checksum matches"))
         checks.append(_check("shards match manifest sha256", not bad,
                              f"{shards['shards']} shards verified" if not bad else f"missing {shards['missing']}, changed {shards['sha256_mismatch']}: re-copy them or re-run prepare"))
         if memory_probe:

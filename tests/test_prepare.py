@@ -245,13 +245,13 @@ def test_decode_workers_reuse_freed_image_buffers(tmp_path):
         cv2.imwrite(str(tmp_path / f"{n}.png"), rng.integers(0, 256, (1024, 1024), dtype=np.uint8))
     probe = f"""
 import resource
-from covidxray.data.image_cache import decode_one, keep_freed_buffers
+from covidxray.data.image_cache import DEFAULT_MAX_PIXELS, decode_one, keep_freed_buffers
 paths = [{", ".join(repr(str(tmp_path / f"{n}.png")) for n in range(6))}]
 def faults_per_decode():
-    decode_one((paths[0], 64))
+    decode_one((paths[0], 64, DEFAULT_MAX_PIXELS))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for path in paths:
-        decode_one((path, 64))
+        decode_one((path, 64, DEFAULT_MAX_PIXELS))
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / len(paths)
 default = faults_per_decode()
 print(default, keep_freed_buffers(), faults_per_decode())

@@ -5,42 +5,59 @@ the split before shards are planned, so a naive pipeline decodes twice
 (once to hash, once to shard). Instead one parallel pass turns each file
 into everything later stages need: the resized PNG that goes into the shard,
 the exact pixel digest and the perceptual hash. These live in one SQLite file
-under `<data_dir>/cache/`, keyed by path, size and mtime, so a re-run or a
-resumed run decodes only new or changed files, and shards are written from
-the cache without decoding again. The file name carries the image size and a
-fingerprint of the preprocessing and hash definitions, so a change to either
-starts a fresh cache; deleting `cache/` is always safe (it costs one decode).
+under `<data_dir>/cache/`, keyed by the sha256 of the file's bytes, so a
+re-run or a resumed run decodes only new or changed files (a file replaced in
+place with the same size and mtime is still seen as changed, and a file name
+that is not valid UTF-8 is never a key), and shards are written from the cache
+without decoding again. The file name carries the image size and a fingerprint
+of the preprocessing, hash and table definitions, so a change to any starts a
+fresh cache; a damaged cache is set aside and rebuilt; deleting `cache/` is
+always safe (it costs one decode).
+
+Decode workers are separate processes; one killed from outside (the
+out-of-memory killer on a 4 GB board) breaks the pool. The files it may have
+been decoding are then retried one at a time, each alone in a fresh worker, so
+a file that kills its worker twice is named and dropped instead of hanging or
+ending the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
 import multiprocessing
 import os
 import sqlite3
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 from covidxray.data import dedup, preprocess, radiograph_gate
+from covidxray.data.image_header import DEFAULT_MAX_PIXELS
+from covidxray.errors import UserError
 
+_SCHEMA_VERSION = 2  # 2: keyed by content sha256 (1 was path, size, mtime)
 _SCHEMA = """CREATE TABLE IF NOT EXISTS images (
-    path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER,
-    png BLOB, pixel_sha256 BLOB, phash BLOB, reason TEXT, message TEXT)"""
+    content_sha256 BLOB PRIMARY KEY, png BLOB, pixel_sha256 BLOB, phash BLOB, reason TEXT, detail TEXT)"""
 _COMMIT_EVERY = 64
+_IN_FLIGHT_PER_WORKER = 2  # enough to keep every worker busy; also bounds the files suspected when one dies
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+Job = tuple[str, int, int]  # (path, image size, max pixels)
+Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class Decoded:
-    """The outcome for one file: its hashes, or the countable reason it is unusable."""
+    """The outcome for one file: its hashes, or the countable reason it is unusable (detail: what, without the path)."""
 
     pixel_sha256: bytes = b""
     phash: bytes = b""
     reason: str = ""
-    message: str = ""
+    detail: str = ""
 
     @property
     def ok(self) -> bool:
@@ -48,7 +65,7 @@ class Decoded:
 
 
 def cache_path(data_dir: Path, image_size: int) -> Path:
-    definition = json.dumps([preprocess.PREPROCESSING, dedup.HASH_VERSION, radiograph_gate.GATE_VERSION], sort_keys=True)
+    definition = json.dumps([preprocess.PREPROCESSING, dedup.HASH_VERSION, radiograph_gate.GATE_VERSION, _SCHEMA_VERSION], sort_keys=True)
     tag = hashlib.sha256(definition.encode()).hexdigest()[:12]
     return Path(data_dir) / "cache" / f"decoded-{image_size}px-{tag}.sqlite"
 
@@ -65,87 +82,185 @@ def keep_freed_buffers() -> bool:
     return bool(mallopt and mallopt(_M_MMAP_THRESHOLD, 32 << 20) and mallopt(_M_TRIM_THRESHOLD, 64 << 20))
 
 
-def decode_one(job: tuple[str, int]) -> tuple[str, bytes | None, Decoded]:
+def decode_one(job: Job) -> tuple[str, bytes | None, Decoded]:
     """Worker: one file -> (path, resized PNG or None, Decoded). Never raises: one bad file must not end a run."""
-    path, size = job
+    path, size, max_pixels = job
     try:
-        gray = preprocess.load_gray(path)
+        gray = preprocess.load_gray(path, max_pixels)
         radiograph_gate.require_radiograph(gray, path)
         small = preprocess.resize_square(gray, size)
         thumb_source = small if size >= dedup.PHASH_INPUT else gray
         return path, preprocess.encode_png(small), Decoded(dedup.pixel_digest(gray), dedup.perceptual_hash(thumb_source))
     except preprocess.ImageError as err:
-        return path, None, Decoded(reason=err.reason, message=str(err))
+        return path, None, Decoded(reason=err.reason, detail=err.detail)
     except Exception as err:  # decoder bugs on hostile files (cv2.error, MemoryError, ...) are that file's problem
-        return path, None, Decoded(reason="unreadable", message=f"{path}: cannot decode ({err.__class__.__name__}: {err})")
+        return path, None, Decoded(reason="unreadable", detail=f"cannot decode ({err.__class__.__name__}: {err})")
+
+
+def content_digest(path: str) -> bytes:
+    """sha256 of the file's bytes: the cache key, so a file rewritten in place is never mistaken for its old self."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.digest()
+
+
+def _content_or_none(path: str) -> bytes | None:
+    try:
+        return content_digest(path)
+    except OSError:
+        return None
+
+
+def _worker_died() -> Decoded:
+    return Decoded(reason="worker-died", detail=(
+        "the decode worker was killed twice while decoding this file (e.g. by the out-of-memory killer); "
+        "skipped. Lower data.max_pixels or data.workers if it is a valid radiograph"))
+
+
+def _spawn_pool(workers: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=keep_freed_buffers)
+
+
+def _decode_in_pool(jobs: list[Job], workers: int, decode: Callable, take: Callable) -> tuple[list[Job], list[Job]]:
+    """Feed `jobs` to `workers` processes, passing each result to `take`.
+
+    Returns ([], []) when all are done, or, when a worker died, (the jobs in flight, the jobs not yet started).
+    """
+    queue = iter(jobs)
+    with _spawn_pool(workers) as pool:
+        in_flight: dict = {}
+        try:
+            while True:
+                for job in queue:
+                    in_flight[pool.submit(decode, job)] = job
+                    if len(in_flight) >= workers * _IN_FLIGHT_PER_WORKER:
+                        break
+                if not in_flight:
+                    return [], []
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in done:
+                    take(future.result())  # raises BrokenProcessPool when a worker died
+                    del in_flight[future]
+        except BrokenProcessPool:
+            return list(in_flight.values()), list(queue)
+
+
+def _retry_alone(job: Job, decode: Callable) -> tuple[str, bytes | None, Decoded]:
+    """One file in a fresh single-worker pool: its result, or worker-died when it kills that worker too."""
+    with _spawn_pool(1) as pool:
+        try:
+            return pool.submit(decode, job).result()
+        except BrokenProcessPool:
+            return job[0], None, _worker_died()
 
 
 class ImageCache:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, log: Log = print):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.db = sqlite3.connect(str(path))
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute(_SCHEMA)
+        try:
+            self.db = self._open()
+        except sqlite3.OperationalError as err:  # locked, no permission, disk full: the file itself may be fine
+            raise UserError(f"cannot use the decode cache {path} ({err}); check the folder's permissions and free space") from None
+        except sqlite3.DatabaseError as err:  # not an SQLite file, or a malformed one
+            damaged = path.with_name(path.name + ".damaged")
+            for leftover in (damaged, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+                leftover.unlink(missing_ok=True)
+            os.replace(path, damaged)
+            log(f"decode cache {path} is damaged ({err}); moved it to {damaged.name} and rebuilding it (every image is decoded again)")
+            self.db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.path))
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(_SCHEMA)
+            problems = [row[0] for row in db.execute("PRAGMA quick_check")]
+            if problems != ["ok"]:
+                raise sqlite3.DatabaseError("; ".join(problems[:3]))
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
 
     def __enter__(self) -> "ImageCache":
         return self
 
     def __exit__(self, *exc) -> None:
-        self.db.commit()
+        with contextlib.suppress(sqlite3.OperationalError):  # a full disk was reported where it happened
+            self.db.commit()
         self.db.close()
 
-    def png(self, path: str) -> bytes:
-        row = self.db.execute("SELECT png FROM images WHERE path = ?", (path,)).fetchone()
+    def png(self, content: bytes) -> bytes:
+        row = self.db.execute("SELECT png FROM images WHERE content_sha256 = ?", (content,)).fetchone()
         if row is None or row[0] is None:
-            raise KeyError(f"{path} has no decoded image in {self.path}")
+            raise KeyError(f"content {content.hex()[:16]} has no decoded image in {self.path}")
         return row[0]
 
-    def _known(self) -> dict[str, tuple]:
-        rows = self.db.execute("SELECT path, size, mtime_ns, pixel_sha256, phash, reason, message FROM images")
-        return {row[0]: row[1:] for row in rows}
+    def _known(self, contents: set[bytes]) -> dict[bytes, Decoded]:
+        rows = self.db.execute("SELECT content_sha256, pixel_sha256, phash, reason, detail FROM images")
+        return {row[0]: Decoded(row[1] or b"", row[2] or b"", row[3] or "", row[4] or "") for row in rows if row[0] in contents}
 
-    def _store(self, path: str, stamp: tuple[int, int], png: bytes | None, decoded: Decoded) -> None:
+    def _store(self, content: bytes, png: bytes | None, decoded: Decoded) -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (path, *stamp, png, decoded.pixel_sha256, decoded.phash, decoded.reason, decoded.message),
+            "INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?)",
+            (content, png, decoded.pixel_sha256, decoded.phash, decoded.reason, decoded.detail),
         )
 
-    def decode_all(self, paths: Iterable[str], size: int, workers: int, progress: Callable[[int], None]) -> dict[str, Decoded]:
-        """Decoded for every path: from the cache when the file is unchanged, else decoded in `workers` processes."""
-        results: dict[str, Decoded] = {}
-        stamps: dict[str, tuple[int, int]] = {}
-        known = self._known()
-        for path in dict.fromkeys(paths):
-            try:
-                info = os.stat(path)
-            except OSError:
-                results[path] = Decoded(reason="missing", message=f"{path}: file not found")
-                progress(1)
-                continue
-            stamps[path] = (info.st_size, info.st_mtime_ns)
-            row = known.get(path)
-            if row is not None and tuple(row[:2]) == stamps[path]:
-                results[path] = Decoded(row[2] or b"", row[3] or b"", row[4] or "", row[5] or "")
-                progress(1)
-        jobs = [(path, size) for path in stamps if path not in results]
-        if not jobs:
-            return results
-        workers = max(1, min(workers, len(jobs)))
-        pool = multiprocessing.get_context("spawn").Pool(workers, initializer=keep_freed_buffers) if workers > 1 else None
-        if not pool:
-            keep_freed_buffers()
+    def decode_all(self, paths: Iterable[str], size: int, workers: int, progress: Callable[[int], None],
+                   max_pixels: int = DEFAULT_MAX_PIXELS, log: Log = print, decode: Callable | None = None) -> tuple[dict[str, Decoded], dict[str, bytes]]:
+        """(Decoded per path, content sha256 per readable path): from the cache when the content is known,
+        else decoded in `workers` processes. `decode` replaces decode_one (tests kill workers with it)."""
+        decode = decode or decode_one
+        paths = list(dict.fromkeys(paths))
+        # One thread: ~0.3 s per 200 MB here, and hashing threads fought over the GIL (2-4x slower on a busy machine).
+        contents = {path: content for path, content in zip(paths, map(_content_or_none, paths)) if content is not None}
+        by_content = self._known(set(contents.values()))
+        jobs = list({content: (path, size, max_pixels) for path, content in contents.items() if content not in by_content}.values())
+        stored = 0
+
+        def take(outcome: tuple[str, bytes | None, Decoded]) -> None:
+            nonlocal stored
+            path, png, decoded = outcome
+            self._store(contents[path], png, decoded)
+            by_content[contents[path]] = decoded
+            progress(1)
+            stored += 1
+            if stored % _COMMIT_EVERY == 0:
+                self.db.commit()  # a killed run keeps what it decoded
+
         try:
-            outcomes = pool.imap_unordered(decode_one, jobs, chunksize=4) if pool else map(decode_one, jobs)
-            for done, (path, png, decoded) in enumerate(outcomes, 1):
-                self._store(path, stamps[path], png, decoded)
-                results[path] = decoded
-                progress(1)
-                if done % _COMMIT_EVERY == 0:
-                    self.db.commit()  # a killed run keeps what it decoded
+            if workers <= 1 or len(jobs) <= 1:
+                keep_freed_buffers()  # in this process: no pool to start for a single worker
+                for job in jobs:
+                    take(decode(job))
+            else:
+                self._decode_parallel(jobs, workers, decode, take, log)
+        except sqlite3.OperationalError as err:
+            raise UserError(f"writing the decode cache {self.path} failed ({err}); free some space (or use another --data-dir) "
+                            "and re-run prepare: the previous data set is untouched, and what was decoded so far is kept") from None
         finally:
-            self.db.commit()
-            if pool:
-                pool.terminate()
-        return results
+            with contextlib.suppress(sqlite3.OperationalError):
+                self.db.commit()
+        unreadable = Decoded(reason="missing", detail="file not found or not readable")
+        results = {path: by_content[contents[path]] if path in contents else unreadable for path in paths}
+        progress(len(paths) - len(jobs))  # cached, unreadable, or the same bytes as another path
+        return results, contents
+
+    def _decode_parallel(self, jobs: list[Job], workers: int, decode: Callable, take: Callable, log: Log) -> None:
+        """Decode in a pool; when a worker dies, retry the files it may have held one by one, then go on."""
+        remaining = jobs
+        while remaining:
+            in_doubt, remaining = _decode_in_pool(remaining, min(workers, len(remaining)), decode, take)
+            if not in_doubt:
+                return
+            log(f"a decode worker died (killed by the system?) while decoding one of: {', '.join(job[0] for job in in_doubt)}; "
+                "retrying each of them alone in a fresh worker")
+            for job in in_doubt:
+                outcome = _retry_alone(job, decode)
+                if outcome[2].reason == "worker-died":
+                    log(f"skipped {job[0]}: {outcome[2].detail}")
+                take(outcome)

@@ -5,8 +5,11 @@ duplicates are removed, then patients are split, then shards are written
 from the decoded cache. Shards are planned from the sorted record list, so
 the plan (and every shard's bytes) depends only on the inputs and the config.
 Each finished shard gets a small JSON receipt; a re-run or a resumed run
-skips shards whose receipt matches the plan, which makes a killed run cheap
-to restart and yields identical shards.
+skips shards whose receipt matches the plan and whose bytes still match the
+receipt's sha256 (a damaged shard or receipt is rewritten, not trusted),
+which makes a killed run cheap to restart and yields identical shards.
+Shards are named after their content and manifest.json is replaced last, in
+one rename, so the data set switches atomically (see data/manifest.py).
 
 Nothing unusable is silent: every dropped row or file is counted per reason
 in manifest.json and listed in dropped.csv; every removed duplicate in
@@ -30,13 +33,15 @@ from covidxray.data import dedup, preprocess
 from covidxray.data.composition import composition
 from covidxray.data.image_cache import Decoded, ImageCache, cache_path
 from covidxray.data.labels import Task, get_task
+from covidxray.data.manifest import SHARD_DIR, file_sha256, load_manifest, write_manifest
+from covidxray.data.manifest import MANIFEST, manifest_sha256, shard_paths  # noqa: F401  (re-exported: other modules import them from here)
 from covidxray.data.split import SPLITS, make_splits, patients_overlap
 from covidxray.errors import UserError
 from covidxray.sources import Dropped, Record, build_source
+from covidxray.sources.archive import ExtractLimits
 from covidxray.sources.descriptors import dedup_priority
 from covidxray.sources.unmapped import override_hint
 
-MANIFEST = "manifest.json"
 SPLIT_TABLE = "splits.csv"  # every kept image, its patient and its split: the audit trail of the split
 DROPPED_TABLE = "dropped.csv"  # every row or file not used, and why
 DUPLICATE_TABLE = "duplicates.csv"  # every removed copy and the image kept in its place
@@ -56,6 +61,7 @@ def collect_records(config: DataConfig, task: Task, cache_dir: Path) -> Collecte
     for name, options in config.sources.items():
         source = build_source(name, options)
         source.label_overrides = config.label_overrides
+        source.extract_limits = ExtractLimits.of(config)
         root = source.fetch(cache_dir / name)
         found = 0
         for item in source.records(root):
@@ -83,19 +89,26 @@ def plan_shards(splits: dict[str, list[Record]], records_per_shard: int) -> list
 
 
 def _fingerprint(records: list[Record], task: Task, image_size: int, decoded: dict[str, Decoded]) -> str:
-    digest = hashlib.sha256(f"{task.name}|{image_size}|{dedup.HASH_VERSION}|".encode())
-    for r in records:
-        digest.update(f"{r.record_id}|{r.image}|{r.label}|{decoded[str(r.image)].pixel_sha256.hex()}\n".encode())
+    """Everything a shard's bytes depend on (not where the files sit), so equal shards get equal names anywhere."""
+    digest = hashlib.sha256(json.dumps([task.name, image_size, dedup.HASH_VERSION, preprocess.PREPROCESSING]).encode())
+    for r in records:  # surrogateescape: a name made from a file name that is not UTF-8 keeps its own bytes
+        line = f"{r.record_id}|{r.source}|{r.patient_id}|{r.label}|{decoded[str(r.image)].pixel_sha256.hex()}\n"
+        digest.update(line.encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 
-def _write_shard(path: Path, records: list[Record], task: Task, cache: ImageCache, fingerprint: str, progress: Progress) -> dict:
+def _shard_name(planned: str, fingerprint: str) -> str:
+    """`train-00000-of-00004.tfrecord` -> `train-00000-of-00004-<fingerprint>.tfrecord`: new content, new name."""
+    return planned.replace(".tfrecord", f"-{fingerprint[:12]}.tfrecord")
+
+
+def _write_shard(path: Path, records: list[Record], task: Task, cache: ImageCache, contents: dict[str, bytes], fingerprint: str, progress: Progress) -> dict:
     from covidxray.data import tfrecord
 
     def examples():
         for record in records:
             progress(1)
-            png = cache.png(str(record.image))
+            png = cache.png(contents[str(record.image)])
             yield tfrecord.make_example(png, task.index_of(record.label), record.patient_id, record.source, record.record_id)
 
     written = tfrecord.write_shard(path, examples())
@@ -105,7 +118,7 @@ def _write_shard(path: Path, records: list[Record], task: Task, cache: ImageCach
         "fingerprint": fingerprint,
         "records": written,
         "bytes": path.stat().st_size,
-        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "sha256": file_sha256(path),
     }
     tmp = path.with_suffix(".json.partial")
     tmp.write_text(json.dumps(receipt, indent=1))
@@ -113,18 +126,26 @@ def _write_shard(path: Path, records: list[Record], task: Task, cache: ImageCach
     return receipt
 
 
-def _receipt_if_done(path: Path, fingerprint: str) -> dict | None:
+def _receipt_if_done(path: Path, fingerprint: str, log: Callable[[str], None]) -> dict | None:
+    """The receipt of a finished, intact shard of this plan; None (the shard is rewritten) otherwise."""
     receipt_path = path.with_suffix(".json")
     if not (path.is_file() and receipt_path.is_file()):
         return None
-    receipt = json.loads(receipt_path.read_text())
-    done = receipt.get("fingerprint") == fingerprint and receipt.get("bytes") == path.stat().st_size
+    try:
+        receipt = json.loads(receipt_path.read_text())
+        done = receipt["fingerprint"] == fingerprint and receipt["bytes"] == path.stat().st_size
+    except (ValueError, TypeError, KeyError) as err:
+        log(f"shard receipt {receipt_path} is damaged ({err.__class__.__name__}); rewriting {path.name}")
+        return None
+    if done and receipt.get("sha256") != file_sha256(path):
+        log(f"shard {path} is damaged (its sha256 differs from its receipt); rewriting it")
+        return None
     return receipt if done else None
 
 
 def _write_csv(path: Path, header: list[str], rows) -> None:
     tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w", newline="") as handle:
+    with open(tmp, "w", newline="", errors="backslashreplace") as handle:  # file names that are not UTF-8 stay readable
         writer = csv.writer(handle)
         writer.writerow(header)
         writer.writerows(rows)
@@ -136,24 +157,24 @@ def write_split_table(path: Path, splits: dict[str, list[Record]], task: Task) -
     _write_csv(path, ["split", "patient_id", "source", "label", "class", "view", "image"], rows)
 
 
-def _decode(records: list[Record], config: DataConfig, cache: ImageCache, progress: Progress, log) -> tuple[list[Record], dict[str, Decoded], list[tuple[str, Dropped]]]:
+def _decode(records: list[Record], config: DataConfig, cache: ImageCache, progress: Progress, log) -> tuple[list[Record], dict[str, Decoded], dict[str, bytes], list[tuple[str, Dropped]]]:
     paths = [str(r.image) for r in records]
     progress(0, len(set(paths)))
-    decoded = cache.decode_all(paths, config.image_size, config.workers or os.cpu_count() or 1, progress)
+    decoded, contents = cache.decode_all(paths, config.image_size, config.workers or os.cpu_count() or 1, progress, config.max_pixels, log)
     usable, failed = [], []
     for record in records:
         outcome = decoded[str(record.image)]
         if outcome.ok:
             usable.append(record)
         else:
-            failed.append((record.source, Dropped(f"image {outcome.reason}", str(record.image), outcome.message)))
+            failed.append((record.source, Dropped(f"image {outcome.reason}", str(record.image), outcome.detail)))
     counts = Counter(f"{source}: {item.reason}" for source, item in failed)
     examples: dict[str, str] = {}
     for source, item in failed:
-        examples.setdefault(f"{source}: {item.reason}", item.detail)
+        examples.setdefault(f"{source}: {item.reason}", f"{item.where}: {item.detail}")
     for reason, example in examples.items():
         log(f"skipped {counts[reason]} file(s) ({reason}), e.g. {example}")
-    return usable, decoded, failed
+    return usable, decoded, contents, failed
 
 
 def _no_records(what: str, task: Task, config: DataConfig, dropped: list[tuple[str, Dropped]]) -> UserError:
@@ -174,7 +195,7 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
         raise UserError(f"data.dedup_max_distance={config.dedup_max_distance}: use -1 (exact duplicates only) to {MAX_DEDUP_DISTANCE}")
     progress = progress or (lambda done, total=None: None)
     out = Path(config.data_dir)
-    shard_dir = out / "shards"
+    shard_dir = out / SHARD_DIR
     shard_dir.mkdir(parents=True, exist_ok=True)
 
     collected = collect_records(config, task, out / "raw")
@@ -183,8 +204,8 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
         log(line)
     if not collected.records:
         raise _no_records("records", task, config, dropped)
-    with ImageCache(cache_path(out, config.image_size)) as cache:
-        usable, decoded, failed = _decode(collected.records, config, cache, progress, log)
+    with ImageCache(cache_path(out, config.image_size), log) as cache:
+        usable, decoded, contents, failed = _decode(collected.records, config, cache, progress, log)
         dropped += failed
         if not usable:
             raise _no_records("images", task, config, dropped)
@@ -203,41 +224,58 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
         overlap = patients_overlap(splits)
         if overlap:
             raise AssertionError(f"patient split is unsound: {overlap[:5]} in several splits")
-        write_split_table(out / SPLIT_TABLE, splits, task)
-        _write_csv(out / DROPPED_TABLE, ["source", "reason", "where", "detail"], ([s, d.reason, d.where, d.detail] for s, d in dropped))
-        _write_csv(
-            out / DUPLICATE_TABLE,
-            ["kind", "distance", "removed_source", "removed_image", "removed_patient", "kept_source", "kept_image", "kept_patient"],
-            ([d.kind, d.distance, d.removed.source, str(d.removed.image), d.removed.patient_id, d.kept.source, str(d.kept.image), d.kept.patient_id] for d in deduped.duplicates),
-        )
 
         plan = plan_shards(splits, config.records_per_shard)
-        planned = {name for name, _ in plan}
-        for stale in shard_dir.iterdir():  # shards of an earlier, different plan
-            if stale.name.endswith(".partial") or stale.name.split(".")[0] + ".tfrecord" not in planned:
-                stale.unlink()
+        for partial in shard_dir.glob("*.partial"):  # a killed run's unfinished file; finished shards may be reused
+            partial.unlink()
         decode_total = len({str(r.image) for r in collected.records})
         progress(0, decode_total + sum(len(chunk) for _, chunk in plan))
         receipts, reused = [], 0
-        for name, chunk in plan:
-            path = shard_dir / name
-            fingerprint = _fingerprint(chunk, task, config.image_size, decoded)
-            receipt = _receipt_if_done(path, fingerprint)
-            if receipt is None:
-                receipt = _write_shard(path, chunk, task, cache, fingerprint, progress)
-            else:
-                reused += 1
-                progress(len(chunk))
-            receipts.append(receipt)
+        try:  # beside the current data set: its manifest and shards stay valid until the switch below
+            for planned, chunk in plan:
+                fingerprint = _fingerprint(chunk, task, config.image_size, decoded)
+                path = shard_dir / _shard_name(planned, fingerprint)
+                receipt = _receipt_if_done(path, fingerprint, log)
+                if receipt is None:
+                    receipt = _write_shard(path, chunk, task, cache, contents, fingerprint, progress)
+                else:
+                    reused += 1
+                    progress(len(chunk))
+                receipts.append(receipt)
+            manifest = build_manifest(config, task, splits, receipts, dropped, deduped, collected.sources)
+            manifest["shards_reused"] = reused
+            manifest["split"] = split_report
+            manifest["seconds"] = round(time.time() - started, 2)
+            previous = _listed_shards(out)
+            manifest = write_manifest(out, manifest)
+        except OSError as err:  # out of disk, most often
+            raise UserError(f"writing the new data set into {out} failed ({err.strerror or err}); the previous data set there, if any, is "
+                            f"untouched and still valid. Free some space (or use another --data-dir) and re-run prepare: finished shards are kept") from None
 
-    manifest = build_manifest(config, task, splits, receipts, dropped, deduped, collected.sources)
-    manifest["shards_reused"] = reused
-    manifest["split"] = split_report
-    manifest["seconds"] = round(time.time() - started, 2)
-    tmp = out / (MANIFEST + ".partial")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, out / MANIFEST)
+    _remove_unlisted_shards(shard_dir, {s["file"] for s in manifest["shards"]} | previous)
+    write_split_table(out / SPLIT_TABLE, splits, task)
+    _write_csv(out / DROPPED_TABLE, ["source", "reason", "where", "detail"], ([s, d.reason, d.where, d.detail] for s, d in dropped))
+    _write_csv(
+        out / DUPLICATE_TABLE,
+        ["kind", "distance", "removed_source", "removed_image", "removed_patient", "kept_source", "kept_image", "kept_patient"],
+        ([d.kind, d.distance, d.removed.source, str(d.removed.image), d.removed.patient_id, d.kept.source, str(d.kept.image), d.kept.patient_id] for d in deduped.duplicates),
+    )
     return manifest
+
+
+def _listed_shards(data_dir: Path) -> set[str]:
+    """Shard files the current manifest lists (a reader may be using them); none when it is absent or damaged."""
+    try:
+        return {s["file"] for s in load_manifest(data_dir)["shards"]}
+    except UserError:
+        return set()
+
+
+def _remove_unlisted_shards(shard_dir: Path, keep: set[str]) -> None:
+    """After the switch: drop shards (and receipts) neither the new nor the previous manifest lists."""
+    for path in shard_dir.iterdir():
+        if path.name.split(".")[0] + ".tfrecord" not in keep:
+            path.unlink()
 
 
 def _split_summary(records: list[Record], task: Task) -> dict:
@@ -285,19 +323,3 @@ def build_manifest(config: DataConfig, task: Task, splits, receipts: list[dict],
         "shards": [{k: r[k] for k in ("file", "split", "records", "sha256")} for r in receipts],
         "data_config": asdict(config),
     }
-
-
-def load_manifest(data_dir: str | Path) -> dict:
-    path = Path(data_dir) / MANIFEST
-    if not path.is_file():
-        raise UserError(f"{path} not found: run `covidxray prepare` first (or point --data-dir at prepared data)")
-    return json.loads(path.read_text())
-
-
-def manifest_sha256(data_dir: str | Path) -> str:
-    return hashlib.sha256((Path(data_dir) / MANIFEST).read_bytes()).hexdigest()
-
-
-def shard_paths(data_dir: str | Path, split: str) -> list[Path]:
-    manifest = load_manifest(data_dir)
-    return [Path(data_dir) / "shards" / s["file"] for s in manifest["shards"] if s["split"] == split and s["records"]]

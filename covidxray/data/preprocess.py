@@ -15,6 +15,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from covidxray.data.image_header import DEFAULT_MAX_PIXELS, declared_size
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".dcm", ".dicom")
 VOLUME_SUFFIXES = (".nii", ".nii.gz", ".mha", ".mhd", ".nrrd")
 PREPROCESSING = {
@@ -42,7 +44,7 @@ COLOUR_PIXEL_SHARE = 0.05
 class ImageError(ValueError):
     """A file that cannot become model input; `reason` is a short countable code.
 
-    Reasons: missing, empty, unreadable, not-xray, unsupported.
+    Reasons: missing, empty, unreadable, not-xray, unsupported, too-large.
     """
 
     def __init__(self, reason: str, path: Path | str, detail: str):
@@ -272,14 +274,23 @@ def _load_raster(path: Path) -> np.ndarray:
     return image
 
 
-def load_gray(path: str | Path) -> np.ndarray:
+def _check_pixel_count(path: Path, size: tuple[int, int] | None, max_pixels: int, what: str) -> None:
+    if size is not None and size[0] * size[1] > max_pixels:
+        raise ImageError("too-large", path, f"{what} {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, above data.max_pixels "
+                         f"{max_pixels:,} (decoding it could exhaust memory); downscale it, or raise data.max_pixels if this board has the memory")
+
+
+def load_gray(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Decode a PNG/JPEG/DICOM radiograph to a 2-D uint8 array, or raise ImageError."""
     path = Path(path)
     if not path.is_file():
         raise ImageError("missing", path, "file not found")
     if path.name.lower().endswith(VOLUME_SUFFIXES):
         raise ImageError("not-xray", path, "a 3-D volume file (CT/MR), not a radiograph")
-    gray = _load_dicom(path) if is_dicom(path) else _load_raster(path)
+    dicom = is_dicom(path)
+    _check_pixel_count(path, declared_size(path, dicom), max_pixels, "header declares")
+    gray = _load_dicom(path) if dicom else _load_raster(path)
+    _check_pixel_count(path, gray.shape[::-1], max_pixels, "decodes to")  # formats whose header is not parsed
     if min(gray.shape[:2]) < 16:
         raise ImageError("unreadable", path, f"image too small ({gray.shape[1]}x{gray.shape[0]})")
     return gray

@@ -2,7 +2,8 @@
 
 Images are stored already decoded-and-resized, as 8-bit gray PNG bytes, so the
 training input pipeline only inflates PNGs (cheap on a Pi) and every rank reads
-bit-identical pixels.
+bit-identical pixels. Text features are UTF-8; a name made from a file name
+that is not valid UTF-8 keeps its raw bytes (surrogateescape) both ways.
 """
 
 from __future__ import annotations
@@ -26,25 +27,33 @@ def _bytes(value: bytes) -> tf.train.Feature:
     return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
 
 
+def _text(value: str) -> bytes:
+    return value.encode("utf-8", "surrogateescape")
+
+
 def make_example(png: bytes, label: int, patient_id: str, source: str, record_id: str) -> bytes:
     feature = {
         "image": _bytes(png),
         "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-        "patient_id": _bytes(patient_id.encode()),
-        "source": _bytes(source.encode()),
-        "record_id": _bytes(record_id.encode()),
+        "patient_id": _bytes(_text(patient_id)),
+        "source": _bytes(_text(source)),
+        "record_id": _bytes(_text(record_id)),
     }
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
 def write_shard(path: Path, examples: Iterable[bytes]) -> int:
-    """Write atomically: a shard either exists complete or not at all."""
+    """Write atomically: a shard either exists complete or not at all. A failed write (a full disk) is an OSError."""
     tmp = Path(str(path) + ".partial")
     count = 0
-    with tf.io.TFRecordWriter(str(tmp)) as writer:
-        for example in examples:
-            writer.write(example)
-            count += 1
+    try:
+        with tf.io.TFRecordWriter(str(tmp)) as writer:
+            for example in examples:
+                writer.write(example)
+                count += 1
+    except tf.errors.OpError as err:
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"{tmp}: {err.message}") from None
     os.replace(tmp, path)
     return count
 
@@ -64,7 +73,7 @@ def read_records(paths: Iterable[Path]) -> Iterable[dict]:
         yield {
             "image": tf.io.decode_png(parsed["image"], channels=1).numpy(),
             "label": int(parsed["label"]),
-            "patient_id": parsed["patient_id"].numpy().decode(),
-            "source": parsed["source"].numpy().decode(),
-            "record_id": parsed["record_id"].numpy().decode(),
+            "patient_id": parsed["patient_id"].numpy().decode("utf-8", "surrogateescape"),
+            "source": parsed["source"].numpy().decode("utf-8", "surrogateescape"),
+            "record_id": parsed["record_id"].numpy().decode("utf-8", "surrogateescape"),
         }

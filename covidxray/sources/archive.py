@@ -6,6 +6,11 @@ the extraction with an error instead of being trusted. Extraction goes to
 `<target>.partial` and is renamed into place with a marker recording which
 archive it came from, so an interrupted unpack never looks finished and an
 unchanged archive is never unpacked twice.
+
+Extraction is bounded before a byte is written: the declared sizes may not
+exceed data.max_extract_bytes in total, nor data.max_compression_ratio times
+the archive's own size (overall, and per zip member), nor the free disk; a
+zip member that inflates beyond its declared size stops the extraction too.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import stat
 import tarfile
 import zipfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +32,51 @@ from covidxray.errors import UserError
 
 MARKER = ".covidxray-extracted"
 Say = Callable[[str], None]
+
+
+_RATIO_MIN_BYTES = 1 << 20  # tiny members (a CSV, padding) may compress far better; they cannot hurt
+_COPY_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ExtractLimits:
+    max_bytes: int
+    max_ratio: float
+
+    @classmethod
+    def of(cls, data_config=None) -> "ExtractLimits":
+        """The limits of `data_config` (a DataConfig), or the defaults."""
+        from covidxray.config import DataConfig
+
+        config = data_config or DataConfig()
+        return cls(config.max_extract_bytes, config.max_compression_ratio)
+
+
+class _Budget:
+    """Bytes an extraction may still write; every member is charged before it is written."""
+
+    def __init__(self, archive: Path, dest: Path, limits: ExtractLimits):
+        self.archive, self.limits, self.written = archive, limits, 0
+        self.archive_bytes = max(archive.stat().st_size, 1)
+        self.free = shutil.disk_usage(dest).free
+
+    def _refuse(self, why: str, setting: str) -> UserError:
+        return UserError(f"{self.archive}: {why}; refusing to extract it (a damaged archive or a decompression bomb). "
+                         f"If the archive is genuine, raise {setting} (--set data.{setting}=...)")
+
+    def charge(self, name: str, size: int, compressed: int | None = None) -> None:
+        if compressed is not None and size > _RATIO_MIN_BYTES and size > self.limits.max_ratio * max(compressed, 1):
+            raise self._refuse(f"member {name!r} expands {size / max(compressed, 1):.0f}x ({compressed:,} -> {size:,} bytes), "
+                               f"above max_compression_ratio {self.limits.max_ratio:g}", "max_compression_ratio")
+        self.written += size
+        if self.written > self.limits.max_bytes:
+            raise self._refuse(f"it expands to more than max_extract_bytes {self.limits.max_bytes:,} bytes (at member {name!r})", "max_extract_bytes")
+        if self.written > _RATIO_MIN_BYTES and self.written > self.limits.max_ratio * self.archive_bytes:
+            raise self._refuse(f"it expands to more than {self.limits.max_ratio:g}x its own {self.archive_bytes:,} bytes "
+                               f"(at member {name!r})", "max_compression_ratio")
+        if self.written > self.free:
+            raise UserError(f"{self.archive}: extracting needs more than the {self.free >> 20:,} MB free on {self.archive.parent}'s "
+                            "disk; free some space or put the data elsewhere (--data-dir)")
 
 
 def _stamp(archive: Path) -> dict:
@@ -60,18 +111,40 @@ def _check_link(archive: Path, name: str, link: str, relative_to_member: bool) -
         raise _unsafe(archive, name, f"links to {link!r} outside the archive")
 
 
-def _extract_zip(archive: Path, dest: Path) -> None:
+def _copy_member(bundle: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, archive: Path) -> None:
+    """Write one member, never more bytes than it declares (its declared size was charged to the budget)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    left = info.file_size
+    with bundle.open(info) as source, open(target, "wb") as out:
+        for block in iter(lambda: source.read(_COPY_BLOCK), b""):
+            left -= len(block)
+            if left < 0:
+                raise UserError(f"{archive}: member {info.filename!r} inflates beyond its declared {info.file_size:,} bytes; "
+                                "refusing to extract it (a damaged archive or a decompression bomb)")
+            out.write(block)
+
+
+def _extract_zip(archive: Path, dest: Path, limits: ExtractLimits) -> None:
+    budget = _Budget(archive, dest, limits)
     with zipfile.ZipFile(archive) as bundle:
+        members = []
         for info in bundle.infolist():
             name = _check_name(archive, info.filename)
             if stat.S_ISLNK(info.external_attr >> 16):
                 _check_link(archive, name, bundle.read(info).decode("utf-8", "replace"), relative_to_member=True)
                 continue  # zipfile would write the link as a text file; no layout needs links
             if name != ".":
-                bundle.extract(info, dest)
+                budget.charge(info.filename, info.file_size, info.compress_size)
+                members.append((name, info))
+        for name, info in members:  # every size checked before the first byte is written
+            if info.is_dir():
+                (dest / name).mkdir(parents=True, exist_ok=True)
+            else:
+                _copy_member(bundle, info, dest / name, archive)
 
 
-def _extract_tar(archive: Path, dest: Path) -> None:
+def _extract_tar(archive: Path, dest: Path, limits: ExtractLimits) -> None:
+    budget = _Budget(archive, dest, limits)
     with tarfile.open(archive) as bundle:
         for member in bundle:  # one forward pass: a .tar.gz is never decompressed twice
             name = _check_name(archive, member.name)
@@ -79,6 +152,7 @@ def _extract_tar(archive: Path, dest: Path) -> None:
                 _check_link(archive, name, member.linkname, relative_to_member=member.issym())
             elif not (member.isfile() or member.isdir()):
                 continue  # devices and fifos have no place in an image collection
+            budget.charge(member.name, member.size)  # a tar member is exactly its declared size
             try:
                 bundle.extract(member, dest, filter="data")
             except tarfile.FilterError as err:
@@ -90,7 +164,8 @@ def archive_stem(name: str) -> str:
     return re.sub(r"(\.tar)?\.(zip|tar|tgz|gz|bz2|xz)$", "", name, flags=re.I)
 
 
-def extract(archive: Path, target: Path, say: Say = print, verify: Callable[[Path], None] | None = None) -> Path:
+def extract(archive: Path, target: Path, say: Say = print, verify: Callable[[Path], None] | None = None,
+            limits: ExtractLimits | None = None) -> Path:
     """Unpack `archive` into `target` unless it already holds this very archive; returns `target`.
 
     `verify` (e.g. a checksum check) runs only when unpacking is actually needed.
@@ -118,7 +193,10 @@ def extract(archive: Path, target: Path, say: Say = print, verify: Callable[[Pat
     partial.mkdir(parents=True)
     say(f"extracting {archive.name} -> {target}")
     try:
-        unpack(archive, partial)
+        unpack(archive, partial, limits or ExtractLimits.of())
+    except UserError:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as err:
         shutil.rmtree(partial, ignore_errors=True)
         raise UserError(

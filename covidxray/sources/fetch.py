@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from covidxray.errors import UserError
-from covidxray.sources.archive import archive_stem, extract, is_extracted
+from covidxray.sources.archive import ExtractLimits, archive_stem, extract, is_extracted
 from covidxray.sources.base import Source, SourceOptions
 from covidxray.sources.descriptors import Archive, Descriptor, load_descriptor
 from covidxray.sources.download import download, say_stderr, verify_sha256
@@ -42,6 +42,7 @@ class DescribedSource(Source):
     def __init__(self, options: SourceOptions | None = None):
         super().__init__(options)
         self.provenance: dict = {}  # what prepare records about where the data came from
+        self.extract_limits = ExtractLimits.of()  # prepare sets the configured ones
 
     @property
     def descriptor(self) -> Descriptor:
@@ -85,7 +86,7 @@ class DescribedSource(Source):
         receipt = tree.with_name(tree.name + ".json")
         if not is_extracted(tree):
             path, digest = self.download(archive, cache_dir / "downloads")
-            extract(path, tree, say_stderr)
+            extract(path, tree, say_stderr, limits=self.extract_limits)
             receipt.write_text(json.dumps({"file": archive.file, "url": self.options.url or archive.url, "sha256": digest}))
         if receipt.is_file():
             self.provenance.update(json.loads(receipt.read_text()))
@@ -101,6 +102,6 @@ class DescribedSource(Source):
         # One unpack folder per distinct archive path, so two archives of the same name never mix.
         tag = hashlib.sha256(str(given.resolve()).encode()).hexdigest()[:10]
         tree = cache_dir / "from" / f"{archive_stem(given.name)}-{tag}"
-        extract(given, tree, say_stderr, verify=(lambda path: verify_sha256(path, expected)) if expected else None)
+        extract(given, tree, say_stderr, verify=(lambda path: verify_sha256(path, expected)) if expected else None, limits=self.extract_limits)
         self.provenance.update({"from": str(given), **({"sha256": expected} if expected else {})})
         return tree

@@ -35,6 +35,7 @@ from covidxray.train.input import make_dataset
 from covidxray.train.metrics import cross_entropy, macro_auc
 from covidxray.train.models import build_model
 from covidxray.train.schedule import LearningRateSchedule
+from covidxray.train.run_guard import check_before_training
 
 MODEL_FILE = "model.keras"
 MODEL_CARD = "model.json"
@@ -210,13 +211,23 @@ def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> dict:
     latest = run_dir / CHECKPOINTS / LATEST
     if not latest.is_file():
         return {}
-    saved = json.loads(latest.read_text())
+    try:
+        saved = json.loads(latest.read_text())
+    except ValueError as err:
+        saved = f"not JSON: {err}"
+    if not (isinstance(saved, dict) and isinstance(saved.get("path"), str) and isinstance(saved.get("epoch"), int)):
+        detail = saved if isinstance(saved, str) else "no checkpoint path and epoch"
+        raise UserError(f"{latest} is damaged ({detail}), so the last complete checkpoint is unknown; start over without "
+                        "--resume (the checkpoint folders beside it are not trusted without it)")
     try:
         checkpoint.read(str(run_dir / CHECKPOINTS / saved["path"] / "ckpt")).assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as err:
         raise UserError(f"{latest}: checkpoint {saved['path']} does not fit this model/config ({err}); resume with the config it was trained with") from None
     log_path = run_dir / TRAIN_LOG
-    history = json.loads(log_path.read_text()).get("epochs", []) if log_path.is_file() else []
+    try:
+        history = json.loads(log_path.read_text()).get("epochs", []) if log_path.is_file() else []
+    except (ValueError, AttributeError):  # a damaged log only loses the per-epoch history of a run whose weights are intact
+        history = []
     return {
         "epoch": int(saved["epoch"]),
         "history": [e for e in history if e["epoch"] <= saved["epoch"]],
@@ -236,7 +247,7 @@ def _prepare_run_dir(run_dir: Path, resume: bool, say: Callable[[str], None]) ->
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def train(config: Config, resume: bool = False, say: Callable[[str], None] = print) -> dict:
+def train(config: Config, resume: bool = False, say: Callable[[str], None] = print, force: bool = False) -> dict:
     cfg, data_dir = config.train, Path(config.data.data_dir)
     check_launch_mode(cfg.elastic)
     world = init_world(HorovodTuning(cfg.gradient_compression, cfg.fusion_buffer_mb, cfg.cycle_time_ms))
@@ -248,6 +259,7 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
 
     run_dir = Path(cfg.run_dir)
     manifest = load_manifest(data_dir)
+    check_before_training(world, config, data_dir, manifest, resume, force, say)
     labels, image_size = manifest["labels"], int(manifest["image_size"])
     config.data.image_size, config.data.task = image_size, manifest["task"]
     train_records = manifest["splits"]["train"]["records"]

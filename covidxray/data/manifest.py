@@ -1,0 +1,126 @@
+"""manifest.json: the one commit point of a prepared data set, sealed and checked.
+
+Shards are named after their content (`<split>-<i>-of-<n>-<fingerprint>.tfrecord`),
+so a re-prepare writes its shards beside the old ones and only then replaces
+manifest.json in one atomic rename. A reader that loaded a manifest reads the
+shards it lists, which stay in place until the next prepare after that (the
+previous set is kept), so it sees the old complete set or the new complete
+set, never a mix; a re-prepare that is interrupted or runs out of disk leaves
+the old manifest and every shard it lists untouched.
+
+The manifest carries the sha256 of its own canonical content (every other key,
+as sorted compact JSON), so an edit (other or reordered labels, a changed
+shard list) is refused by everything that loads it, and `doctor` flags it.
+Each shard's sha256 is in the manifest too: `verify_shards` checks files
+against it before training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from covidxray.errors import UserError
+
+MANIFEST = "manifest.json"
+SHARD_DIR = "shards"
+CHECKSUM = "checksum"
+_RERUN = "re-run `covidxray prepare` with the same config and --data-dir (decodes are cached and intact shards reused, so it is quick)"
+
+
+def canonical_sha256(manifest: dict) -> str:
+    """sha256 over every key but the checksum itself, as sorted compact ASCII JSON: independent of formatting."""
+    content = {k: v for k, v in manifest.items() if k != CHECKSUM}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def content_sha256(manifest: dict) -> str:
+    """sha256 of what training reads (task, labels, image size, preprocessing, every shard's sha256), not of
+    run details such as the time prepare took: a re-prepare of the same data keeps it."""
+    content = {k: manifest.get(k) for k in ("task", "labels", "image_size", "preprocessing", "shards")}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal(manifest: dict) -> dict:
+    return {**manifest, CHECKSUM: {"sha256": canonical_sha256(manifest), "over": "sorted compact JSON of every other key"}}
+
+
+def write_manifest(data_dir: Path, manifest: dict) -> dict:
+    """Seal and write atomically (this rename is the moment the new data set becomes the data set); returns it sealed."""
+    path = Path(data_dir) / MANIFEST
+    tmp = path.with_name(path.name + ".partial")
+    sealed = seal(manifest)
+    with open(tmp, "w") as handle:
+        handle.write(json.dumps(sealed, indent=2))
+        handle.flush()
+        os.fsync(handle.fileno())  # the rename must never publish a manifest whose bytes are still in flight
+    os.replace(tmp, path)
+    return sealed
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest at `path` if it is intact and unedited; UserError naming what is wrong otherwise."""
+    try:
+        manifest = json.loads(path.read_bytes())
+    except ValueError as err:
+        raise UserError(f"{path} is damaged (truncated or not JSON: {err}); {_RERUN}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+        raise UserError(f"{path} is not a covidxray manifest (no shard list); {_RERUN}")
+    sealed = manifest.get(CHECKSUM)
+    if not isinstance(sealed, dict) or "sha256" not in sealed:
+        raise UserError(f"{path} carries no checksum (written by an older covidxray, or edited); {_RERUN}")
+    if sealed["sha256"] != canonical_sha256(manifest):
+        raise UserError(f"{path} was changed after prepare wrote it (its content no longer matches its checksum), so its labels "
+                        f"and shard list cannot be trusted; restore it, or {_RERUN}")
+    return manifest
+
+
+def load_manifest(data_dir: str | Path) -> dict:
+    path = Path(data_dir) / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{path} not found: run `covidxray prepare` first (or point --data-dir at prepared data)")
+    return read_manifest(path)
+
+
+def manifest_sha256(data_dir: str | Path) -> str:
+    return hashlib.sha256((Path(data_dir) / MANIFEST).read_bytes()).hexdigest()
+
+
+def shard_paths(data_dir: str | Path, split: str) -> list[Path]:
+    manifest = load_manifest(data_dir)
+    return [Path(data_dir) / SHARD_DIR / s["file"] for s in manifest["shards"] if s["split"] == split and s["records"]]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def shard_problems(data_dir: str | Path, manifest: dict, files: list[str] | None = None) -> dict[str, list[str]]:
+    """{"missing": [...], "sha256_mismatch": [...]} for the manifest's shards (or just `files`, by name)."""
+    wanted = None if files is None else {Path(f).name for f in files}
+    missing, mismatched = [], []
+    for shard in manifest["shards"]:
+        if wanted is not None and shard["file"] not in wanted:
+            continue
+        path = Path(data_dir) / SHARD_DIR / shard["file"]
+        if not path.is_file():
+            missing.append(shard["file"])
+        elif file_sha256(path) != shard["sha256"]:
+            mismatched.append(shard["file"])
+    return {"missing": missing, "sha256_mismatch": mismatched}
+
+
+def describe_shard_problems(data_dir: str | Path, problems: dict[str, list[str]]) -> str:
+    parts = []
+    if problems["sha256_mismatch"]:
+        parts.append(f"damaged (sha256 differs from {MANIFEST}): {', '.join(problems['sha256_mismatch'])}")
+    if problems["missing"]:
+        parts.append(f"missing: {', '.join(problems['missing'])}")
+    return (f"shards in {Path(data_dir) / SHARD_DIR} {'; '.join(parts)}. Re-run `covidxray prepare` with the same config to "
+            "repair them (intact shards are kept), or copy them again from the machine that prepared them")
