@@ -99,5 +99,5 @@ def test_prepare_drops_non_radiographs_with_a_counted_reason(shared_data, tmp_pa
     assert manifest["dropped"].get("covid19-talo: image not-radiograph") == 2, manifest["dropped"]
     assert sum(info["classes"].get("normal", 0) for info in manifest["splits"].values()) == kept
     dropped = (data_dir / "dropped.csv").read_text()
-    assert "00099999_000.png: not a chest radiograph" in dropped and "(near-uniform)" in dropped
-    assert "00099998_000.png: not a chest radiograph" in dropped and "(text-or-noise)" in dropped
+    assert "00099999_000.png,not a chest radiograph:" in dropped and "(near-uniform)" in dropped
+    assert "00099998_000.png,not a chest radiograph:" in dropped and "(text-or-noise)" in dropped
