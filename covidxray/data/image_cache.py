@@ -4,7 +4,8 @@ Decoding dominates `prepare`. Dedup must run before the patient split and
 the split before shards are planned, so a naive pipeline decodes twice
 (once to hash, once to shard). Instead one parallel pass turns each file
 into everything later stages need: the resized PNG that goes into the shard,
-the exact pixel digest and the perceptual hash. These live in one SQLite file
+the exact pixel digest, the perceptual hash and the local features of the
+geometric near-duplicate check. These live in one SQLite file
 under `<data_dir>/cache/`, keyed by path, size and mtime, so a re-run or a
 resumed run decodes only new or changed files, and shards are written from
 the cache without decoding again. The file name carries the image size and a
@@ -24,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from covidxray.data import dedup, preprocess
+from covidxray.data import dedup, near_duplicates, preprocess
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS images (
     path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER,
-    png BLOB, pixel_sha256 BLOB, phash BLOB, reason TEXT, message TEXT)"""
+    png BLOB, pixel_sha256 BLOB, phash BLOB, features BLOB, reason TEXT, message TEXT)"""
 _COMMIT_EVERY = 64
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
@@ -39,6 +40,7 @@ class Decoded:
 
     pixel_sha256: bytes = b""
     phash: bytes = b""
+    features: bytes = b""  # near_duplicates.features(): what the geometric duplicate check needs, without decoding again
     reason: str = ""
     message: str = ""
 
@@ -72,7 +74,8 @@ def decode_one(job: tuple[str, int]) -> tuple[str, bytes | None, Decoded]:
         gray = preprocess.load_gray(path)
         small = preprocess.resize_square(gray, size)
         thumb_source = small if size >= dedup.PHASH_INPUT else gray
-        return path, preprocess.encode_png(small), Decoded(dedup.pixel_digest(gray), dedup.perceptual_hash(thumb_source))
+        hashes = Decoded(dedup.pixel_digest(gray), dedup.perceptual_hash(thumb_source), near_duplicates.features(gray))
+        return path, preprocess.encode_png(small), hashes
     except preprocess.ImageError as err:
         return path, None, Decoded(reason=err.reason, message=str(err))
     except Exception as err:  # decoder bugs on hostile files (cv2.error, MemoryError, ...) are that file's problem
@@ -102,13 +105,13 @@ class ImageCache:
         return row[0]
 
     def _known(self) -> dict[str, tuple]:
-        rows = self.db.execute("SELECT path, size, mtime_ns, pixel_sha256, phash, reason, message FROM images")
+        rows = self.db.execute("SELECT path, size, mtime_ns, pixel_sha256, phash, features, reason, message FROM images")
         return {row[0]: row[1:] for row in rows}
 
     def _store(self, path: str, stamp: tuple[int, int], png: bytes | None, decoded: Decoded) -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (path, *stamp, png, decoded.pixel_sha256, decoded.phash, decoded.reason, decoded.message),
+            "INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (path, *stamp, png, decoded.pixel_sha256, decoded.phash, decoded.features, decoded.reason, decoded.message),
         )
 
     def decode_all(self, paths: Iterable[str], size: int, workers: int, progress: Callable[[int], None]) -> dict[str, Decoded]:
@@ -126,7 +129,7 @@ class ImageCache:
             stamps[path] = (info.st_size, info.st_mtime_ns)
             row = known.get(path)
             if row is not None and tuple(row[:2]) == stamps[path]:
-                results[path] = Decoded(row[2] or b"", row[3] or b"", row[4] or "", row[5] or "")
+                results[path] = Decoded(row[2] or b"", row[3] or b"", row[4] or b"", row[5] or "", row[6] or "")
                 progress(1)
         jobs = [(path, size) for path in stamps if path not in results]
         if not jobs:
