@@ -215,13 +215,13 @@ def deduplicate(
             i = cluster[i]
         return i
 
-    how: dict[int, tuple[str, int, str]] = {}  # position -> the first match that made it a copy
+    how: dict[int, tuple[int, str, int, str]] = {}  # position -> (partner, kind, distance, evidence) of its first match
     confirmed = set()  # positions matched exactly or geometrically to a preferred image: copies even within one patient
     for i, j, kind, distance, evidence in edges:
         a, b = find(i), find(j)
         cluster[max(a, b)] = min(a, b)
-        how.setdefault(i, (kind, distance, evidence))
-        how.setdefault(j, (kind, distance, evidence))
+        how.setdefault(i, (j, kind, distance, evidence))
+        how.setdefault(j, (i, kind, distance, evidence))
         if kind != "perceptual":
             confirmed.add(max(i, j))
     members: dict[int, list[int]] = defaultdict(list)
@@ -232,16 +232,17 @@ def deduplicate(
             members[root].append(i)
 
     duplicates: list[Duplicate] = []
-    removed: set[int] = set()
+    removed = {i for copies in members.values() for i in copies}
     for root, copies in members.items():
         conflict = len({order[i].label for i in [root, *copies]}) > 1
         drop_all = conflict and label_conflicts == "drop"
         for i in sorted(copies):
-            duplicates.append(Duplicate(order[i], order[root], *how[i], label_conflict=conflict, kept_too=not drop_all))
-            removed.add(i)
+            partner, *match = how[i]
+            kept_in_its_place = root if partner in removed else partner  # the image it matched, unless that went too
+            duplicates.append(Duplicate(order[i], order[kept_in_its_place], *match, label_conflict=conflict, kept_too=not drop_all))
         if drop_all:
-            partner = min(i for i in copies if order[i].label != order[root].label)
-            duplicates.append(Duplicate(order[root], order[partner], *how[partner], label_conflict=True, kept_too=False))
+            twin = min(i for i in copies if order[i].label != order[root].label)
+            duplicates.append(Duplicate(order[root], order[twin], *how[twin][1:], label_conflict=True, kept_too=False))
             removed.add(root)
 
     rank = {record: i for i, record in enumerate(order)}

@@ -31,9 +31,12 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-FEATURE_VERSION = "orb-384-256+mirror/1"
+FEATURE_VERSION = "orb-384-256-grid8-trim+mirror/3"
 SIDE = 384  # longest side the features are computed at: copies at any scale meet at one size
 KEYPOINTS = 256
+CANDIDATE_KEYPOINTS = 4 * KEYPOINTS  # detected, before the strongest are spread over a grid
+GRID = 8
+UNIFORM_SPREAD = 12  # gray levels within which a border row or column counts as flat
 WORDS_PER_DESCRIPTOR = 8  # 32-byte descriptor = 8 words of 32 bits
 MAX_BUCKET = 8  # entries sharing one word above which the word is a stop word
 MIN_VOTES = 4  # shared words that make a pair a candidate
@@ -69,21 +72,65 @@ class Match:
         return f"{self.inliers} inliers, spread {self.spread:.2f}, scale {self.scale:.2f}, {self.degrees:+.1f} deg" + (", mirrored" if self.flipped else "")
 
 
-def _orb() -> cv2.ORB:
+def _orb(count: int) -> cv2.ORB:
     # A small patch and edge margin keep keypoints near the crop border; a low FAST threshold finds
     # enough corners in soft, low-contrast radiographs.
-    return cv2.ORB_create(nfeatures=KEYPOINTS, scaleFactor=1.2, nlevels=6, edgeThreshold=15, patchSize=15, fastThreshold=5)
+    return cv2.ORB_create(nfeatures=count, scaleFactor=1.2, nlevels=6, edgeThreshold=15, patchSize=15, fastThreshold=5)
+
+
+def _spread_out(keypoints, width: int, height: int) -> list:
+    """The KEYPOINTS strongest, at most a fair share per cell of a GRID x GRID grid first.
+
+    Burned-in text, markers and borders have the strongest corners of all; taken
+    by strength alone they would crowd out the anatomy a copy shares.
+    """
+    by_strength = sorted(keypoints, key=lambda k: -k.response)
+    per_cell = -(-KEYPOINTS // (GRID * GRID))
+    taken: dict[tuple[int, int], int] = {}
+    chosen, rest = [], []
+    for k in by_strength:
+        cell = (min(GRID - 1, int(k.pt[0] * GRID / width)), min(GRID - 1, int(k.pt[1] * GRID / height)))
+        if taken.get(cell, 0) < per_cell:
+            taken[cell] = taken.get(cell, 0) + 1
+            chosen.append(k)
+        else:
+            rest.append(k)
+    return (chosen + rest)[:KEYPOINTS]
+
+
+def _at_side(gray: np.ndarray) -> np.ndarray:
+    height, width = gray.shape
+    scale = SIDE / max(height, width)
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    return cv2.resize(gray, size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
+
+
+def trim_uniform_border(gray: np.ndarray) -> np.ndarray:
+    """`gray` without the flat frame around it (padding a copy added, or the black margin of a scan).
+
+    Cut away, both in the original and in a padded copy, the content is at the
+    same scale at SIDE px, so the same keypoints are found. Rows and columns
+    whose gray levels span at most UNIFORM_SPREAD (at SIDE px, where JPEG noise
+    is averaged away) count as frame; nothing is trimmed below half the side.
+    """
+    small = _at_side(gray)
+    rows = np.flatnonzero(np.ptp(small, axis=1) > UNIFORM_SPREAD)
+    columns = np.flatnonzero(np.ptp(small, axis=0) > UNIFORM_SPREAD)
+    if len(rows) < small.shape[0] / 2 or len(columns) < small.shape[1] / 2:
+        return small
+    top, bottom, left, right = rows[0], rows[-1] + 1, columns[0], columns[-1] + 1
+    if (top, bottom, left, right) == (0, small.shape[0], 0, small.shape[1]):
+        return small
+    fy, fx = gray.shape[0] / small.shape[0], gray.shape[1] / small.shape[1]
+    return _at_side(gray[int(top * fy) : int(np.ceil(bottom * fy)), int(left * fx) : int(np.ceil(right * fx))])
 
 
 def features(gray: np.ndarray) -> bytes:
     """Compact ORB keypoints + descriptors of an 8-bit gray image (and of its mirror image), ~17 KB."""
-    height, width = gray.shape
-    scale = SIDE / max(height, width)
-    size = (max(1, round(width * scale)), max(1, round(height * scale)))
-    small = cv2.resize(gray, size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
-    small = cv2.equalizeHist(small)  # brightness, contrast and gamma changes are monotonic: equalising undoes them
-    orb = _orb()
-    keypoints, descriptors = orb.detectAndCompute(small, None)
+    small = cv2.equalizeHist(trim_uniform_border(gray))  # brightness, contrast and gamma changes are monotonic: equalising undoes them
+    orb = _orb(CANDIDATE_KEYPOINTS)
+    keypoints = _spread_out(orb.detect(small, None), small.shape[1], small.shape[0])
+    keypoints, descriptors = orb.compute(small, keypoints)
     if descriptors is None:
         keypoints, descriptors = (), np.zeros((0, 32), np.uint8)
     mirror_width = small.shape[1]
