@@ -12,7 +12,16 @@ test is leakage, so duplicates go before the split.
   64x64 thumbnail) within `max_distance` bits catches JPEG re-encodes and
   rescaled copies. Measured: re-encodes/rescales of real radiographs differ
   by <= 6 bits, different radiographs by >= 76, different phantoms by >= 28.
-  Near-duplicates of the *same* patient are follow-ups, never removed.
+  Perceptual matches of the *same* patient may be follow-ups, never removed.
+* geometric: crops, borders, rotations, flips, text (near_duplicates.py): ORB
+  keypoints vote for candidate pairs, a RANSAC similarity with enough inliers
+  confirms them. A confirmed match is a copy, removed even when both images
+  carry one patient id (the talo copies carry ieee8023's), except within one
+  source and one patient, where it may be a follow-up taken in the same pose.
+
+Copies with different labels are a label conflict: by default every copy is
+dropped (`label_conflicts="drop"`), or the preferred copy is kept
+("keep_priority"); both are counted and listed.
 
 Which copy stays: the lowest source `priority` (originals before
 re-packagings, from the descriptors), then source name, then record id, so
@@ -152,6 +161,16 @@ class _Patients:
 LABEL_CONFLICT_POLICIES = ("drop", "keep_priority")
 
 
+def _other_origin(first: Record, second: Record) -> bool:
+    """Two sources, or two patients: a geometric match is then a copy even of one patient's image.
+
+    Within one source and one patient it may be a follow-up taken in the same position
+    (measured: a real ieee8023 pair a week apart fits one similarity with 25 inliers), so it
+    is treated like a perceptual match there: kept.
+    """
+    return first.source != second.source or first.patient_id != second.patient_id
+
+
 def matches(
     order: list[Record],
     hashes: Mapping[str, tuple[bytes, bytes]],
@@ -222,7 +241,7 @@ def deduplicate(
         cluster[max(a, b)] = min(a, b)
         how.setdefault(i, (j, kind, distance, evidence))
         how.setdefault(j, (i, kind, distance, evidence))
-        if kind != "perceptual":
+        if kind == "exact" or (kind == "geometric" and _other_origin(order[i], order[j])):
             confirmed.add(max(i, j))
     members: dict[int, list[int]] = defaultdict(list)
     for i in how:

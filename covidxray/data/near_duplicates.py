@@ -43,7 +43,7 @@ MIN_VOTES = 4  # shared words that make a pair a candidate
 PER_IMAGE = 3  # candidates per image, best voted first: bounds the geometric checks to 3 per image
 RATIO = 0.8  # Lowe's ratio test
 REPROJECTION_PX = 4.0  # RANSAC inlier tolerance at SIDE px
-MIN_SPREAD = 0.15  # inliers' convex hull / image area, in both images
+MIN_SPREAD = 0.2  # inliers' convex hull / image area, in the image they cover more of
 MIN_SCALE, MAX_SCALE = 1 / 8, 8.0
 _HEADER = np.dtype([("count", "<u2"), ("width", "<u2"), ("height", "<u2")])
 
@@ -63,7 +63,7 @@ class Features:
 @dataclass(frozen=True)
 class Match:
     inliers: int
-    spread: float  # the smaller of the two inlier hull / image area fractions
+    spread: float  # the larger of the two inlier hull / image area fractions
     scale: float  # size of the second image relative to the first (at SIDE px)
     degrees: float
     flipped: bool
@@ -244,7 +244,8 @@ def verify(first: Features, second: Features, mirrored: bool, min_inliers: int) 
         return None
     inlier = inlier_mask.ravel().astype(bool)
     scale = float(np.hypot(transform[0, 0], transform[1, 0]))
-    spread = min(_hull_fraction(source[inlier], first.width, first.height), _hull_fraction(target[inlier], second.width, second.height))
+    # a crop covers all of the copy and part of the original, a padded copy the other way round: the larger fraction
+    spread = max(_hull_fraction(source[inlier], first.width, first.height), _hull_fraction(target[inlier], second.width, second.height))
     match = Match(int(inlier.sum()), spread, scale, float(np.degrees(np.arctan2(transform[1, 0], transform[0, 0]))), mirrored)
     if match.inliers < min_inliers or match.spread < MIN_SPREAD or not MIN_SCALE <= scale <= MAX_SCALE:
         return None
