@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-FEATURE_VERSION = "orb-384-256-grid8-trim+mirror/3"
+FEATURE_VERSION = "orb-384-384-grid8-trim+mirror/4"
 SIDE = 384  # longest side the features are computed at: copies at any scale meet at one size
-KEYPOINTS = 256
+KEYPOINTS = 384
 CANDIDATE_KEYPOINTS = 4 * KEYPOINTS  # detected, before the strongest are spread over a grid
 GRID = 8
 UNIFORM_SPREAD = 12  # gray levels within which a border row or column counts as flat
@@ -126,7 +126,7 @@ def trim_uniform_border(gray: np.ndarray) -> np.ndarray:
 
 
 def features(gray: np.ndarray) -> bytes:
-    """Compact ORB keypoints + descriptors of an 8-bit gray image (and of its mirror image), ~17 KB."""
+    """Compact ORB keypoints + descriptors of an 8-bit gray image (and of its mirror image), ~26 KB."""
     small = cv2.equalizeHist(trim_uniform_border(gray))  # brightness, contrast and gamma changes are monotonic: equalising undoes them
     orb = _orb(CANDIDATE_KEYPOINTS)
     keypoints = _spread_out(orb.detect(small, None), small.shape[1], small.shape[0])
