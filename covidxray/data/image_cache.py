@@ -74,8 +74,8 @@ def decode_one(job: tuple[str, int]) -> tuple[str, bytes | None, Decoded]:
         gray = preprocess.load_gray(path)
         small = preprocess.resize_square(gray, size)
         thumb_source = small if size >= dedup.PHASH_INPUT else gray
-        hashes = Decoded(dedup.pixel_digest(gray), dedup.perceptual_hash(thumb_source), near_duplicates.features(gray))
-        return path, preprocess.encode_png(small), hashes
+        signatures = Decoded(dedup.pixel_digest(gray), dedup.perceptual_hash(thumb_source), near_duplicates.features(gray))
+        return path, preprocess.encode_png(small), signatures
     except preprocess.ImageError as err:
         return path, None, Decoded(reason=err.reason, message=str(err))
     except Exception as err:  # decoder bugs on hostile files (cv2.error, MemoryError, ...) are that file's problem

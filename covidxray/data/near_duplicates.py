@@ -175,7 +175,7 @@ def candidate_pairs(all_features: list[Features], min_votes: int = MIN_VOTES, pe
         return {}
     word_table, image_of, side_of = np.concatenate(words), np.concatenate(images), np.concatenate(orientation)
     count = len(all_features)
-    votes: list[np.ndarray] = []  # per word column: the distinct pairs and how often they met in it
+    votes: list[tuple[np.ndarray, np.ndarray]] = []  # per word column: the distinct pairs, how often they met in it
     for column in range(WORDS_PER_DESCRIPTOR):
         keys = word_table[:, column]
         order = np.argsort(keys, kind="stable")

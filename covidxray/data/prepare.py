@@ -281,8 +281,8 @@ def build_manifest(config: DataConfig, task: Task, splits, receipts: list[dict],
         "dedup": {
             "exact": "sha256 of decoded full-resolution gray pixels",
             "perceptual": f"256-bit DCT hash, Hamming distance <= {config.dedup_max_distance} between different patients",
-            "geometric": f"ORB keypoints, RANSAC similarity with >= {config.dedup_min_inliers} inliers between different patients"
-            if config.dedup_min_inliers and config.dedup_max_distance >= 0 else "off",
+            "geometric": f"ORB keypoints, RANSAC similarity with >= {config.dedup_min_inliers} inliers; "
+            "within one source and patient kept (a possible follow-up)" if config.dedup_min_inliers and config.dedup_max_distance >= 0 else "off",
             "label_conflicts": config.dedup_label_conflicts,
             "keep": "lowest source priority, then source name, then record id",
             "priority": {name: dedup_priority(name) for name in config.sources},
