@@ -316,3 +316,30 @@ def test_real_talo_crops_are_all_matched_when_prepared_with_ieee8023(shared_data
     audit = run_cli("audit", str(data_dir))  # the prepared set, through its decode cache
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "0 copied image(s) and 0 patient(s) across splits" in " ".join((audit.stdout + audit.stderr).split())
+
+
+def test_prepare_refuses_to_write_a_manifest_that_leaks(tmp_path, monkeypatch):
+    """If dedup ever let a copy through, the audit prepare runs on its own split stops it."""
+    from covidxray.config import load_config
+    from covidxray.data import prepare as prepare_module
+    from covidxray.errors import UserError
+
+    source = tmp_path / "given" / "COVID-19-master" / "X-Ray Image DataSet"
+    for folder, seeds in (("No_findings", range(0, 12)), ("Pneumonia", range(100, 112))):
+        for seed in seeds:
+            write_image(source / folder / f"{10000000 + seed:08d}_000.png", seed=seed)
+    for seed in range(0, 12):  # a copy of every normal image under another NIH patient
+        write_image(source / "No_findings" / f"{20000000 + seed:08d}_000.png", seed=seed)
+    real_deduplicate = dedup.deduplicate
+
+    def keeps_every_copy(records, *args, **kwargs):
+        result = real_deduplicate(records, *args, **kwargs)
+        return dedup.DedupResult(kept=sorted(records, key=lambda r: r.record_id), duplicates=[], matches=result.matches)
+
+    monkeypatch.setattr(prepare_module.dedup, "deduplicate", keeps_every_copy)
+    data_dir = tmp_path / "out"
+    config = load_config(None, [{"data": {"sources": {"covid19-talo": {"from_path": str(tmp_path / "given")}}, "data_dir": str(data_dir),
+                                          "task": "chest3", "image_size": 32, "workers": 1, "test_fraction": 0.4, "val_fraction": 0.0}}]).data
+    with pytest.raises(UserError, match=r"the split leaks .*exact copy"):
+        prepare_module.prepare(config, log=lambda line: None)
+    assert not (data_dir / "manifest.json").exists()
