@@ -59,7 +59,7 @@ class DataConfig:
     # Perceptual (256-bit hash) Hamming distance counted as a duplicate; -1: exact duplicates only.
     dedup_max_distance: int = setting(12, low=-1, high=32)
     # Geometric near-duplicate check (crops, borders, rotations, flips): RANSAC inliers that confirm a copy; 0: off.
-    dedup_min_inliers: int = setting(20, low=0, high=384)
+    dedup_min_inliers: int = setting(32, low=0, high=384)
     # Copies of one image with different labels: drop (all copies) or keep_priority (the preferred source's copy).
     dedup_label_conflicts: str = setting("drop", choices=("drop", "keep_priority"))
     seed: int = setting(0, low=0, high=2**31 - 1)

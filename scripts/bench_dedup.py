@@ -21,8 +21,9 @@ Needs the real samples in ../shared/data (see its README.md).
    geometric check must confirm none.
 3. Cost. N = 1k, 5k, 20k JPEG files, 1024 px on the long side, made from the
    Kaggle images with a random transform each (so most have a twin). Per file
-   in one process: decode (`preprocess.load_gray` + `resize_square`, what
-   prepare's decode does) and, separately timed, the dedup features
+   in one process: decode (`preprocess.load_gray`, `resize_square` to 128 px,
+   PNG encode, pixel sha256 and pHash: what prepare's decode step does
+   besides the features) and, separately timed, the dedup features
    (`near_duplicates.features`); then the matching (`dedup.matches`) for the
    first N files in a fresh process (its peak RSS is the memory). Goal:
    features + matching <= 2x decode.
@@ -287,12 +288,13 @@ def scaling(args, config) -> list[dict]:
     decode_s, feature_s, keys, hashes, features = [], [], [], {}, {}
     for path in files:
         started = time.process_time()
-        gray = preprocess.load_gray(path)
-        preprocess.resize_square(gray, 128)
+        gray = preprocess.load_gray(path)  # what prepare's decode step does besides the features (image_cache.decode_one)
+        small = preprocess.resize_square(gray, 128)
+        preprocess.encode_png(small)
+        hashes[str(path)] = (dedup.pixel_digest(gray), dedup.perceptual_hash(small))
         middle = time.process_time()
         blob = near_duplicates.features(gray)
         done = time.process_time()
-        hashes[str(path)] = (dedup.pixel_digest(gray), dedup.perceptual_hash(preprocess.resize_square(gray, 128)))
         features[str(path)] = blob
         keys.append(str(path))
         decode_s.append(middle - started)
