@@ -35,7 +35,6 @@ import itertools
 import json
 import os
 import pickle
-import resource
 import subprocess
 import sys
 import time
@@ -262,6 +261,14 @@ def scaling_files(folder: Path, count: int, px: int, seed: int) -> list[Path]:
     return files
 
 
+def _peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM; ru_maxrss would report the forking parent's peak after exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def _matching_child(pickled: Path, count: int, max_distance: int, min_inliers: int) -> None:
     """Run in a fresh process: time dedup.matches over the first `count` signatures; print JSON with peak RSS."""
     from covidxray.config import DataConfig
@@ -269,14 +276,14 @@ def _matching_child(pickled: Path, count: int, max_distance: int, min_inliers: i
     with open(pickled, "rb") as handle:
         keys, hashes, features = pickle.load(handle)
     keys = keys[:count]
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    baseline = _peak_rss_mb()
     started, cpu = time.perf_counter(), time.process_time()
     edges = match_records([(k, k) for k in keys], {k: hashes[k] for k in keys}, {k: features[k] for k in keys}, DataConfig(dedup_max_distance=max_distance, dedup_min_inliers=min_inliers))
     print(json.dumps({
         "seconds": time.perf_counter() - started,
         "cpu_seconds": time.process_time() - cpu,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "rss_before_mb": baseline / 1024,
+        "peak_rss_mb": _peak_rss_mb(),
+        "rss_before_mb": baseline,
         "matches": len(edges),
     }))
 
