@@ -18,7 +18,10 @@ descriptor wherever the frame ends. Two stages:
    fitted with RANSAC (cv2.estimateAffinePartial2D). A copy has many inliers
    spread over a large part of the image. A follow-up radiograph of the same
    patient shares anatomy but the ribs, the heart and the tubes moved: only a
-   handful of points, or only a burned-in text marker, fit one transform.
+   handful of points, or only a burned-in text marker, fit one transform
+   (measured on the real samples: different patients <= 27 inliers, a
+   follow-up a week apart in the same pose 17-25, an original and its copy
+   >= 39; dedup's default threshold is 32).
 
 Everything stage 2 needs is computed once per image where it is decoded
 (`features`, stored in the decode cache), so confirming never decodes again.
