@@ -115,6 +115,31 @@ def print_composition(manifest: dict) -> None:
 
 
 @app.command()
+def audit(
+    data_dir: Path = typer.Argument(..., help="A prepared data set, or a folder with one split per top-level folder (e.g. the Kaggle set's train/ and test/)."),
+    config: Optional[Path] = ConfigOption,
+    sets: Optional[List[str]] = SetOption,
+    workers: Optional[int] = typer.Option(None, help="Decode processes (default: one per core)."),
+):
+    """Find images and patients that are in two splits (exit status 1 when there are any)."""
+    from covidxray.cli_progress import progress_bar
+
+    def go():
+        from covidxray.data.audit import audit as do_audit
+
+        cfg = resolve(config, sets, data__workers=workers)
+        with progress_bar("auditing") as advance:
+            leaks = do_audit(data_dir, cfg.data, progress=advance, log=console.print)
+        for leak in leaks:
+            console.print(f"[red]leak[/] {leak.line()}", highlight=False)
+        patients = sum(1 for leak in leaks if leak.kind == "patient")
+        console.print(f"{len(leaks) - patients} copied image(s) and {patients} patient(s) across splits")
+        return 1 if leaks else 0
+
+    raise typer.Exit(run(go) or 0)
+
+
+@app.command()
 def train(
     config: Optional[Path] = ConfigOption,
     sets: Optional[List[str]] = SetOption,

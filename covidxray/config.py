@@ -71,6 +71,10 @@ class DataConfig:
     dedup_max_distance: int = setting(12, low=-1, high=32)
     # Warn when one source supplies at least this share of a class's images (a shortcut a model can learn).
     shortcut_warning_share: float = setting(0.8, above=0.5, high=1.0)
+    # Geometric near-duplicate check (crops, borders, rotations, flips): RANSAC inliers that confirm a copy; 0: off.
+    dedup_min_inliers: int = setting(32, low=0, high=384)
+    # Copies of one image with different labels: drop (all copies) or keep_priority (the preferred source's copy).
+    dedup_label_conflicts: str = setting("drop", choices=("drop", "keep_priority"))
     seed: int = setting(0, low=0, high=2**31 - 1)
     # Source finding -> harmonised label, for findings the descriptors leave unmapped (prepare lists
     # them with the exact line to add here) or map differently; wins over every descriptor.

@@ -162,23 +162,29 @@ KAGGLE_FILES = [
     ("train", "NORMAL", "IM-0117-0001.jpeg", "normal", "IM-0117"),
     ("train", "NORMAL", "NORMAL2-IM-1427-0001.jpeg", "normal", "NORMAL2-IM-1427"),
     ("train", "NORMAL", "NORMAL2-IM-0115-0001.jpeg", "normal", "NORMAL2-IM-0115"),
-    ("train", "PNEUMONIA", "person1_bacteria_1.jpeg", "pneumonia/bacterial", "person1"),
-    ("train", "PNEUMONIA", "person1_virus_6.jpeg", "pneumonia/viral", "person1"),
-    ("train", "PNEUMONIA", "person2_bacteria_3.jpeg", "pneumonia/bacterial", "person2"),
-    ("train", "PNEUMONIA", "person3_virus_7.jpeg", "pneumonia/viral", "person3"),
-    ("train", "PNEUMONIA", "person63_bacteria_306.jpeg", "pneumonia/bacterial", "person63"),
+    ("train", "NORMAL", "IM-0640-0001-0001.jpeg", "normal", "IM-0640"),  # study-image suffixes (real names)
+    ("train", "NORMAL", "IM-0640-0001-0002.jpeg", "normal", "IM-0640"),
+    ("train", "NORMAL", "NORMAL2-IM-0983-0001-0002.jpeg", "normal", "NORMAL2-IM-0983"),
+    ("train", "PNEUMONIA", "person1_bacteria_1.jpeg", "pneumonia/bacterial", "person1_bacteria"),
+    ("train", "PNEUMONIA", "person1_virus_6.jpeg", "pneumonia/viral", "person1_virus"),  # another numbering
+    ("train", "PNEUMONIA", "person2_bacteria_3.jpeg", "pneumonia/bacterial", "person2_bacteria"),
+    ("train", "PNEUMONIA", "person3_virus_7.jpeg", "pneumonia/viral", "person3_virus"),
+    ("train", "PNEUMONIA", "person63_bacteria_306.jpeg", "pneumonia/bacterial", "person63_bacteria"),
+    ("train", "PNEUMONIA", "person447_virus_921.jpeg", "pneumonia/viral", "person447_virus"),
+    ("train", "PNEUMONIA", "person447_virus_921_1.jpeg", "pneumonia/viral", "person447_virus"),
     ("val", "NORMAL", "NORMAL2-IM-1430-0001.jpeg", "normal", "NORMAL2-IM-1430"),
-    ("val", "PNEUMONIA", "person1946_bacteria_4874.jpeg", "pneumonia/bacterial", "person1946"),
+    ("val", "PNEUMONIA", "person1946_bacteria_4874.jpeg", "pneumonia/bacterial", "person1946_bacteria"),
     ("test", "NORMAL", "IM-0001-0001.jpeg", "normal", "IM-0001"),
     ("test", "NORMAL", "IM-0003-0001.jpeg", "normal", "IM-0003"),
-    ("test", "PNEUMONIA", "person1_virus_8.jpeg", "pneumonia/viral", "person1"),
-    ("test", "PNEUMONIA", "person100_bacteria_478.jpeg", "pneumonia/bacterial", "person100"),
+    ("test", "NORMAL", "IM-0011-0001-0001.jpeg", "normal", "IM-0011"),
+    ("test", "NORMAL", "NORMAL2-IM-0173-0001-0002.jpeg", "normal", "NORMAL2-IM-0173"),
+    ("test", "PNEUMONIA", "person1_virus_8.jpeg", "pneumonia/viral", "person1_virus"),  # the train patient: one numbering
+    ("test", "PNEUMONIA", "person100_bacteria_478.jpeg", "pneumonia/bacterial", "person100_bacteria"),
 ]
 
 
 def _zhang_id(source: str, split: str, patient: str, part: str = "") -> str:
-    group = "test" if split == "test" else "trainval"
-    return f"{source}:{part + ':' if part else ''}{group}:{patient}"
+    return f"{source}:{part + ':' if part else ''}{patient}"  # one id is one patient in every split of the archive
 
 
 def build_kaggle(base: Path, bad: bool = False) -> Layout:
@@ -232,10 +238,10 @@ def build_mendeley_v2(base: Path) -> tuple[Layout, Layout]:
     for split in ("train", "test"):
         for cls, patient in (("CNV", "1016042"), ("DME", "1072015"), ("DRUSEN", "1001666"), ("NORMAL", "1017237")):
             for n in (1, 2):
-                name = f"{cls}-{patient}{1 if split == 'test' else 0}-{n}.jpeg"
+                name = f"{cls}-{patient}-{n + (2 if split == 'test' else 0)}.jpeg"  # v2 uses one patient id in train and test
                 write_image(oct_.root / "OCT2017" / split / cls / name)
                 oct_.labels[name] = f"oct/{cls.lower()}"
-                oct_.patients[name] = _zhang_id("kermany", split, f"{patient}{1 if split == 'test' else 0}", "oct")
+                oct_.patients[name] = _zhang_id("kermany", split, patient, "oct")
     return chest, oct_
 
 
@@ -282,14 +288,17 @@ def build_talo(base: Path, covid_copies: dict[str, Path] | None = None) -> Layou
     data = root / "X-Ray Image DataSet"
     layout = Layout(root)
     for name, patient in (
-        ("1-s2.0-S0929664620300449-gr2_lrg-a.jpg", "case:1-s2.0-S0929664620300449-gr2_lrg"),
-        ("1-s2.0-S0929664620300449-gr2_lrg-b.jpg", "case:1-s2.0-S0929664620300449-gr2_lrg"),
-        ("nejmc2001573_f1a.jpeg", "case:nejmc2001573"),
-        ("01E392EE-69F9-4E33-BFCE-E5C968654078.jpeg", "case:01E392EE-69F9-4E33-BFCE-E5C968654078"),
-        ("covid-19-pneumonia-24-day6.jpg", "case:covid-19-pneumonia-24"),
+        # ieee8023 file names get ieee8023's patientid (its metadata.csv, Aug 2020); unknown names group by case
+        ("1-s2.0-S0929664620300449-gr2_lrg-a.jpg", "covid-chestxray:19"),
+        ("1-s2.0-S0929664620300449-gr2_lrg-b.jpg", "covid-chestxray:19"),
+        ("nejmc2001573_f1a.jpeg", "covid-chestxray:4"),
+        ("01E392EE-69F9-4E33-BFCE-E5C968654078.jpeg", "covid-chestxray:46"),
+        ("covid-19-pneumonia-24-day6.jpg", "covid-chestxray:116"),
+        ("covid-19-case-report-7-day3.jpg", "covid19-talo:case:covid-19-case-report-7"),
+        ("covid-19-case-report-7-day9.jpg", "covid19-talo:case:covid-19-case-report-7"),
     ):
         write_image(data / "Covid-19" / name)
-        layout.labels[name], layout.patients[name] = "covid-19", f"covid19-talo:{patient}"
+        layout.labels[name], layout.patients[name] = "covid-19", patient
     for name, source in (covid_copies or {}).items():
         (data / "Covid-19" / name).write_bytes(source.read_bytes())
         layout.labels[name], layout.patients[name] = "covid-19", f"covid19-talo:case:{Path(name).stem}"

@@ -18,6 +18,7 @@ from conftest import REPO, have_horovod
 RESULT_KEYS = {
     "prepare": {"images", "prepare_over_floor_1w", "prepare_over_floor_2w", "prepare_scaling_1_to_2", "floor_scaling_1_to_2", "machine_ceiling"},
     "input": {"batch_size", "records_per_s", "ratios"},
+    "dedup": {"transform_suite", "false_merges", "scaling", "settings"},
     "horovod": {"pinned", "cases"},
     "predict": {"latency_s", "bytes", "tensor_bytes", "predict_process"},
 }
@@ -81,3 +82,15 @@ def test_bench_horovod_quick(tmp_path):
     (case,) = report["results"]["cases"].values()
     assert case["bytes_per_step"] == case["allreduce"]["parameters"] * 4
     assert len(case["images_per_s"]["np1"]) == len(case["images_per_s"]["np2"]) == 1  # 2 epochs, the first skipped
+
+
+@pytest.mark.slow
+def test_bench_dedup_quick(tmp_path, shared_data):
+    report = run_bench("dedup", tmp_path)
+    check_report(report, "dedup")
+    results = report["results"]
+    suite = results["transform_suite"]
+    assert set(suite["recall"]) == {"crop", "border", "rescale", "jpeg", "intensity", "text", "rotate", "flip"}
+    assert all(0 <= r <= 1 for r in suite["recall"].values())
+    assert [row["images"] for row in results["scaling"]] == [30, 60]
+    assert results["false_merges"]["images"] == 40

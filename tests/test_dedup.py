@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import csv
 import itertools
+import json
 from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 
-from covidxray.data import dedup, preprocess
+from covidxray.config import Config
+from covidxray.data import dedup, near_duplicates, preprocess
 from covidxray.sources.base import Record
 from layouts import write_image, xray
 
@@ -112,3 +116,230 @@ def test_exact_only_mode_keeps_near_copies(tmp_path):
     hashes = {str(records[0].image): hashes_of(a), str(records[1].image): hashes_of(near)}
     assert len(dedup.deduplicate(records, hashes, {}, max_distance=-1).kept) == 2
     assert len(dedup.deduplicate(records, hashes, {}, max_distance=12).kept) == 1
+
+
+# ---------------------------------------------------------------- near duplicates on real radiographs
+
+TALO = Path("covid19-talo-sample") / "X-Ray Image DataSet"
+IEEE_IMAGES = Path("covid-chestxray-sample") / "covid-chestxray-dataset" / "images"
+
+
+def _features(gray: np.ndarray) -> near_duplicates.Features:
+    return near_duplicates.unpack(near_duplicates.features(gray))
+
+
+def _confirmed(first: np.ndarray, second: np.ndarray) -> near_duplicates.Match | None:
+    a, b = _features(first), _features(second)
+    return near_duplicates.verify(a, b, False, MIN_INLIERS) or near_duplicates.verify(a, b, True, MIN_INLIERS)
+
+
+MIN_INLIERS = Config().data.dedup_min_inliers
+
+
+def republished(gray: np.ndarray, family: str) -> np.ndarray:
+    """One copy per transform family the issue names, at the far end of each range."""
+    h, w = gray.shape
+    if family == "crop up to 20% per side":
+        return gray[h // 5 : h - h // 10, w // 5 : w - w // 20]
+    if family == "border":
+        return cv2.copyMakeBorder(gray, h // 5, h // 8, w // 6, w // 5, cv2.BORDER_CONSTANT, value=255)
+    if family == "rescale 0.25x":
+        return cv2.resize(gray, (w // 4, h // 4), interpolation=cv2.INTER_AREA)
+    if family == "rescale 4x":
+        return cv2.resize(gray, (w * 4, h * 4), interpolation=cv2.INTER_CUBIC)
+    if family == "jpeg 40":
+        return cv2.imdecode(cv2.imencode(".jpg", gray, [cv2.IMWRITE_JPEG_QUALITY, 40])[1], cv2.IMREAD_GRAYSCALE)
+    if family == "gamma 1.6, contrast 0.7":
+        return np.clip(255 * (np.arange(256) / 255) ** 1.6 * 0.7 + 20, 0, 255).astype(np.uint8)[gray]
+    if family == "text and marker":
+        out = gray.copy()
+        cv2.putText(out, "PORTABLE  AP", (w // 10, h // 8), cv2.FONT_HERSHEY_SIMPLEX, w / 300, 255, max(1, w // 200))
+        cv2.putText(out, "R", (w - w // 6, h // 2), cv2.FONT_HERSHEY_SIMPLEX, w / 200, 255, max(1, w // 150))
+        cv2.rectangle(out, (w // 20, h - h // 6), (w // 20 + w // 12, h - h // 6 + h // 12), 0, -1)
+        return out
+    if family == "rotate 5 deg":
+        return cv2.warpAffine(gray, cv2.getRotationMatrix2D((w / 2, h / 2), 5, 1.0), (w, h))
+    if family == "flip":
+        return cv2.flip(gray, 1)
+    raise ValueError(family)
+
+
+FAMILIES = ("crop up to 20% per side", "border", "rescale 0.25x", "rescale 4x", "jpeg 40", "gamma 1.6, contrast 0.7", "text and marker", "rotate 5 deg", "flip")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_transform_family_is_confirmed_on_real_radiographs(shared_data, family):
+    for name in ("00001280_004.png", "00001299_000.png"):
+        original = preprocess.load_gray(shared_data / TALO / "No_findings" / name)
+        match = _confirmed(original, republished(original, family))
+        assert match is not None, f"{family} copy of {name} not confirmed"
+        assert match.flipped == (family == "flip")
+
+
+def test_real_follow_ups_of_one_patient_are_not_confirmed(shared_data):
+    # NIH: the same patient's radiographs on different days; ieee8023 patient 19 (metadata.csv): days 10, 13, 17, 25
+    pairs = [(TALO / "Pneumonia" / "00000061_012.png", TALO / "Pneumonia" / "00000061_015.png"),
+             (TALO / "Pneumonia" / "00000211_013.png", TALO / "Pneumonia" / "00000211_018.png")]
+    panels = [IEEE_IMAGES / f"1-s2.0-S0929664620300449-gr2_lrg-{x}.jpg" for x in "abcd"]
+    pairs += list(itertools.combinations(panels, 2))
+    for first, second in pairs:
+        assert _confirmed(preprocess.load_gray(shared_data / first), preprocess.load_gray(shared_data / second)) is None, (first, second)
+
+
+def test_a_follow_up_under_another_patient_id_is_still_kept(shared_data, tmp_path):
+    """Even when two sources name one patient differently, the geometric check does not merge a follow-up."""
+    first, second = (shared_data / TALO / "Pneumonia" / n for n in ("00000211_013.png", "00000211_018.png"))
+    records = [Record(image=first, label="pneumonia", patient_id="a:1", source="a"), Record(image=second, label="pneumonia", patient_id="b:1", source="b")]
+    grays = {str(p): preprocess.load_gray(p) for p in (first, second)}
+    hashes = {k: (dedup.pixel_digest(g), dedup.perceptual_hash(preprocess.resize_square(g, 128))) for k, g in grays.items()}
+    features = {k: near_duplicates.features(g) for k, g in grays.items()}
+    result = dedup.deduplicate(records, hashes, {}, 12, features, MIN_INLIERS)
+    assert len(result.kept) == 2 and not result.duplicates
+
+
+def test_candidate_stage_finds_copies_without_all_pairs_and_no_pair_twice(shared_data):
+    names = sorted((shared_data / TALO / "No_findings").iterdir())
+    grays = [preprocess.load_gray(p) for p in names]
+    copies = [republished(g, "crop up to 20% per side") for g in grays]
+    found = near_duplicates.candidate_pairs([_features(g) for g in grays + copies], per_image=2)
+    n = len(grays)
+    assert {(i, i + n) for i in range(n)} <= {(i, j) for i, j, _ in found}
+    assert len(found) <= 2 * 2 * n  # at most per_image per image, far below the 120 pairs of 16 images
+
+
+def _labelled(source: str, name: str, patient: str, label: str) -> Record:
+    return Record(image=Path(f"/data/{source}/{name}"), label=label, patient_id=f"{source}:{patient}", source=source)
+
+
+def test_a_label_conflict_drops_every_copy_by_default_and_is_counted(tmp_path):
+    picture, other = write_image(tmp_path / "a.png", seed=1), write_image(tmp_path / "b.png", seed=2)
+    records = [
+        _labelled("original", "x", "p1", "covid-19"),
+        _labelled("copier", "x-copy", "c1", "pneumonia"),  # the same picture, labelled otherwise
+        _labelled("original", "y", "p2", "normal"),
+    ]
+    hashes = {str(records[0].image): hashes_of(picture), str(records[1].image): hashes_of(picture), str(records[2].image): hashes_of(other)}
+    dropped = dedup.deduplicate(records, hashes, {"original": 1, "copier": 2}, 12)
+    assert [r.image.name for r in dropped.kept] == ["y"]
+    assert {(d.removed.image.name, d.kept.image.name, d.label_conflict, d.kept_too) for d in dropped.duplicates} == {
+        ("x-copy", "x", True, False), ("x", "x-copy", True, False)}
+    assert dropped.summary()["label_conflicts"] == 2 and dropped.summary()["label_conflicts_dropped"] == 2
+
+    kept = dedup.deduplicate(records, hashes, {"original": 1, "copier": 2}, 12, label_conflicts="keep_priority")
+    assert sorted(r.image.name for r in kept.kept) == ["x", "y"]
+    assert kept.summary()["label_conflicts"] == 1 and kept.summary()["label_conflicts_dropped"] == 0
+
+
+def test_a_follow_up_in_the_same_pose_is_kept(shared_data):
+    """ieee8023 patient 283, days 0 and 7 (metadata.csv): so alike that one similarity fits some inliers; both stay."""
+    paths = [shared_data / IEEE_IMAGES / name for name in ("000001-17.jpg", "000002-19-a.jpg")]
+    records = [Record(image=p, label="pneumonia", patient_id="covid-chestxray:283", source="covid-chestxray") for p in paths]
+    grays = {str(p): preprocess.load_gray(p) for p in paths}
+    hashes = {k: (dedup.pixel_digest(g), dedup.perceptual_hash(preprocess.resize_square(g, 128))) for k, g in grays.items()}
+    features = {k: near_duplicates.features(g) for k, g in grays.items()}
+    result = dedup.deduplicate(records, hashes, {}, 12, features, MIN_INLIERS)
+    assert len(result.kept) == 2 and not result.duplicates
+
+
+# ---------------------------------------------------------------- covidxray audit
+
+def _tree_with_plants(shared_data: Path, root: Path, plant: bool) -> None:
+    """A Kaggle-style train/test tree of real radiographs (512 px); `plant` adds a shared patient and a cropped copy."""
+    nih = sorted((shared_data / TALO / "No_findings").iterdir())
+    grays = [cv2.resize(preprocess.load_gray(p), (512, 512), interpolation=cv2.INTER_AREA) for p in nih[:6]]
+    layout = {
+        "train/NORMAL/IM-0001-0001.jpeg": grays[0],
+        "train/NORMAL/IM-0002-0001.jpeg": grays[1],
+        "train/PNEUMONIA/person5_bacteria_1.jpeg": grays[2],
+        "test/NORMAL/IM-0003-0001.jpeg": grays[3],
+        "test/PNEUMONIA/person5_virus_7.jpeg": grays[4],  # another numbering: not person5_bacteria
+    }
+    if plant:
+        layout["test/PNEUMONIA/person5_bacteria_9.jpeg"] = grays[5]  # the train patient again
+        layout["test/NORMAL/IM-0099-0001.jpeg"] = grays[1][60:470, 30:490]  # train's IM-0002, cropped
+    for name, gray in layout.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(root / name), gray, [cv2.IMWRITE_JPEG_QUALITY, 85])
+
+
+def test_audit_finds_a_planted_copy_and_a_planted_shared_patient(shared_data, tmp_path):
+    from conftest import run_cli
+
+    _tree_with_plants(shared_data, tmp_path / "clean", plant=False)
+    clean = run_cli("audit", str(tmp_path / "clean"), "--workers", "1")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "0 copied image(s) and 0 patient(s) across splits" in " ".join((clean.stdout + clean.stderr).split())
+
+    _tree_with_plants(shared_data, tmp_path / "leaky", plant=True)
+    leaky = run_cli("audit", str(tmp_path / "leaky"), "--workers", "1")
+    assert leaky.returncode == 1, leaky.stdout + leaky.stderr
+    out = " ".join((leaky.stdout + leaky.stderr).split())
+    assert "patient zhanglab:person5_bacteria is in test and train" in out
+    assert "geometric copy" in out and "IM-0002-0001.jpeg (train)" in out and "IM-0099-0001.jpeg (test)" in out
+    assert "1 copied image(s) and 1 patient(s) across splits" in out
+
+
+def test_audit_of_something_else_says_what_it_expects(tmp_path):
+    from conftest import run_cli
+
+    (tmp_path / "only").mkdir()
+    result = run_cli("audit", str(tmp_path))
+    assert result.returncode == 2 and "one split per top-level folder" in " ".join((result.stdout + result.stderr).split())
+
+
+@pytest.mark.slow
+def test_real_talo_crops_are_all_matched_when_prepared_with_ieee8023(shared_data, tmp_path):
+    """The 8 real talo COVID images are re-cropped, rescaled, re-encoded ieee8023 images under the same names."""
+    from conftest import run_cli
+
+    import shutil
+
+    data_dir = tmp_path / "both"
+    talo = shared_data / "covid19-talo-sample"
+    talo_covid = sorted(p.name for p in (shared_data / TALO / "Covid-19").iterdir())
+    # ieee8023 as a partial download holding the 8 originals (its other 88 images cost CI time; the benchmark has them)
+    ieee = tmp_path / "ieee" / "covid-chestxray-dataset"
+    (ieee / "images").mkdir(parents=True)
+    shutil.copy2(shared_data / IEEE_IMAGES.parent / "metadata.csv", ieee / "metadata.csv")
+    for name in talo_covid:
+        shutil.copy2(shared_data / IEEE_IMAGES / name, ieee / "images" / name)
+    result = run_cli("prepare", "--source", f"covid19-talo={talo}", "--source", f"covid-chestxray={ieee}", "--data-dir", str(data_dir), "--image-size", "32")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(data_dir / "duplicates.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted(Path(r["removed_image"]).name for r in rows) == talo_covid
+    assert all(Path(r["kept_image"]).name == Path(r["removed_image"]).name and r["kept_source"] == "covid-chestxray" for r in rows)
+    assert all(r["removed_label"] == r["kept_label"] == "covid-19" and r["outcome"] == "removed" for r in rows)
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    assert manifest["duplicates_removed"]["total"] == 8 and manifest["patient_disjoint"]
+
+    audit = run_cli("audit", str(data_dir))  # the prepared set, through its decode cache
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert "0 copied image(s) and 0 patient(s) across splits" in " ".join((audit.stdout + audit.stderr).split())
+
+
+def test_prepare_refuses_to_write_a_manifest_that_leaks(tmp_path, monkeypatch):
+    """If dedup ever let a copy through, the audit prepare runs on its own split stops it."""
+    from covidxray.config import load_config
+    from covidxray.data import prepare as prepare_module
+    from covidxray.errors import UserError
+
+    source = tmp_path / "given" / "COVID-19-master" / "X-Ray Image DataSet"
+    for folder, seeds in (("No_findings", range(0, 12)), ("Pneumonia", range(100, 112))):
+        for seed in seeds:
+            write_image(source / folder / f"{10000000 + seed:08d}_000.png", seed=seed)
+    for seed in range(0, 12):  # a copy of every normal image under another NIH patient
+        write_image(source / "No_findings" / f"{20000000 + seed:08d}_000.png", seed=seed)
+    real_deduplicate = dedup.deduplicate
+
+    def keeps_every_copy(records, *args, **kwargs):
+        result = real_deduplicate(records, *args, **kwargs)
+        return dedup.DedupResult(kept=sorted(records, key=lambda r: r.record_id), duplicates=[], matches=result.matches)
+
+    monkeypatch.setattr(prepare_module.dedup, "deduplicate", keeps_every_copy)
+    data_dir = tmp_path / "out"
+    config = load_config(None, [{"data": {"sources": {"covid19-talo": {"from_path": str(tmp_path / "given")}}, "data_dir": str(data_dir),
+                                          "task": "chest3", "image_size": 32, "workers": 1, "test_fraction": 0.4, "val_fraction": 0.0}}]).data
+    with pytest.raises(UserError, match=r"the split leaks .*exact copy"):
+        prepare_module.prepare(config, log=lambda line: None)
+    assert not (data_dir / "manifest.json").exists()

@@ -18,7 +18,7 @@ import pytest
 from covidxray.config import ConfigError
 from covidxray.data.labels import HARMONISED_LABELS
 from covidxray.errors import UserError
-from covidxray.sources import SOURCE_REGISTRY, Dropped, build_source
+from covidxray.sources import SOURCE_REGISTRY, Dropped, build_source, zhanglab
 from covidxray.sources.descriptors import DESCRIPTOR_DIR, load_descriptor
 from layouts import FileServer, build_ieee8023, build_kaggle, build_mendeley_v2, build_mendeley_v3, build_talo, tar_tree, zip_tree
 
@@ -68,11 +68,14 @@ def test_a_non_editable_install_carries_the_descriptors(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(checkout)],
                    check=True, capture_output=True, cwd=tmp_path)
     probe = ("import covidxray, json; from covidxray.sources.descriptors import load_descriptor;"
-             f"print(json.dumps([covidxray.__file__] + [load_descriptor(n).homepage for n in {list(REAL_SOURCES)!r}]))")
+             "from covidxray.sources.covid19_talo import known_patient;"
+             f"print(json.dumps([covidxray.__file__, known_patient('01E392EE-69F9-4E33-BFCE-E5C968654078.jpeg')]"
+             f" + [load_descriptor(n).homepage for n in {list(REAL_SOURCES)!r}]))")
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(target)})
-    imported_from, *homepages = json.loads(out.stdout)
+    imported_from, talo_patient, *homepages = json.loads(out.stdout)
     assert Path(imported_from).is_relative_to(target)
+    assert talo_patient == "covid-chestxray:46"  # the shipped ieee8023 table (metadata.csv: 01E392EE-... is patient 46)
     assert homepages == [load_descriptor(n).homepage for n in REAL_SOURCES]
 
 
@@ -100,9 +103,9 @@ def test_kaggle_tree_skips_the_nested_copy_and_macos_junk(tmp_path):
     assert_matches(layout, records, dropped)
     assert not any("__MACOSX" in str(r.image) or "chest_xray/chest_xray" in str(r.image) for r in records)
     assert {r.original_split for r in records} == {"train", "val", "test"}
-    # person1 of the test set is numbered separately from person1 of train
-    person1 = {r.patient_id for r in records if r.image.name.startswith("person1_")}
-    assert person1 == {"chest-xray-pneumonia:trainval:person1", "chest-xray-pneumonia:test:person1"}
+    # bacteria and virus are two numberings; one number of one cause is one patient in train and test
+    person1 = {(r.original_split, r.patient_id) for r in records if r.image.name.startswith("person1_")}
+    assert person1 == {("train", "chest-xray-pneumonia:person1_bacteria"), ("train", "chest-xray-pneumonia:person1_virus"), ("test", "chest-xray-pneumonia:person1_virus")}
 
 
 def test_kaggle_download_through_a_faked_api(tmp_path, monkeypatch):
@@ -185,7 +188,8 @@ def test_talo_tree_groups_case_images_and_nih_follow_ups(tmp_path):
     assert root == layout.root
     assert_matches(layout, records, dropped)
     patients = Counter(r.patient_id for r in records)
-    assert patients["covid19-talo:nih:00001280"] == 2 and patients["covid19-talo:case:1-s2.0-S0929664620300449-gr2_lrg"] == 2
+    assert patients["covid19-talo:nih:00001280"] == 2 and patients["covid-chestxray:19"] == 2
+    assert patients["covid19-talo:case:covid-19-case-report-7"] == 2
 
 
 def test_talo_real_sample(shared_data, tmp_path):
@@ -193,6 +197,22 @@ def test_talo_real_sample(shared_data, tmp_path):
     assert Counter(r.label for r in records) == {"covid-19": 8, "normal": 8, "pneumonia": 8}
     assert not dropped
     assert {r.patient_id for r in records if r.image.name == "00001280_004.png"} == {"covid19-talo:nih:00001280"}
+    # every COVID image has the patient ieee8023's own metadata.csv gives its original (the oracle, read here directly)
+    with open(shared_data / "covid-chestxray-sample" / "covid-chestxray-dataset" / "metadata.csv", newline="") as handle:
+        ieee = {row["filename"]: f"covid-chestxray:{row['patientid']}" for row in csv.DictReader(handle)}
+    covid = [r for r in records if r.label == "covid-19"]
+    assert {r.image.name: r.patient_id for r in covid} == {r.image.name: ieee[r.image.name] for r in covid}
+
+
+def test_every_real_kaggle_name_has_a_patient(shared_data):
+    names = sorted(p.name for p in (shared_data / "chest-xray-pneumonia-224" / "chest_xray").glob("*/*/*.jpeg"))
+    assert len(names) == 5840  # the listing (train 1341 + 3875, test 234 + 390)
+    assert [n for n in names if zhanglab.parse_name(Path(n).stem) is None] == []
+    patients = {n: zhanglab.parse_name(Path(n).stem)[0] for n in names}
+    assert patients["IM-0011-0001-0001.jpeg"] == patients["IM-0011-0001-0002.jpeg"] == "IM-0011"
+    assert patients["NORMAL2-IM-0173-0001-0002.jpeg"] == "NORMAL2-IM-0173"
+    assert patients["person447_virus_921_1.jpeg"] == patients["person447_virus_921.jpeg"] == "person447_virus"
+    assert patients["person447_bacteria_1932.jpeg"] == "person447_bacteria"
 
 
 def test_download_from_a_mirror_url_with_checksum(tmp_path):

@@ -12,7 +12,16 @@ test is leakage, so duplicates go before the split.
   64x64 thumbnail) within `max_distance` bits catches JPEG re-encodes and
   rescaled copies. Measured: re-encodes/rescales of real radiographs differ
   by <= 6 bits, different radiographs by >= 76, different phantoms by >= 28.
-  Near-duplicates of the *same* patient are follow-ups, never removed.
+  Perceptual matches of the *same* patient may be follow-ups, never removed.
+* geometric: crops, borders, rotations, flips, text (near_duplicates.py): ORB
+  keypoints vote for candidate pairs, a RANSAC similarity with enough inliers
+  confirms them. A confirmed match is a copy, removed even when both images
+  carry one patient id (the talo copies carry ieee8023's), except within one
+  source and one patient, where it may be a follow-up taken in the same pose.
+
+Copies with different labels are a label conflict: by default every copy is
+dropped (`label_conflicts="drop"`), or the preferred copy is kept
+("keep_priority"); both are counted and listed.
 
 Which copy stays: the lowest source `priority` (originals before
 re-packagings, from the descriptors), then source name, then record id, so
@@ -33,9 +42,10 @@ from typing import Mapping
 import cv2
 import numpy as np
 
+from covidxray.data import near_duplicates
 from covidxray.sources.base import Record
 
-HASH_VERSION = "sha256-pixels+dct-phash-256/1"
+HASH_VERSION = f"sha256-pixels+dct-phash-256/1+{near_duplicates.FEATURE_VERSION}"
 PHASH_INPUT = 64  # thumbnail side the DCT runs on
 PHASH_SIDE = 16  # low-frequency block kept: 16x16 = 256 bits
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], np.uint8)
@@ -95,9 +105,12 @@ def near_pairs(hashes: np.ndarray, max_distance: int) -> list[tuple[int, int, in
 @dataclass(frozen=True)
 class Duplicate:
     removed: Record
-    kept: Record
-    kind: str  # "exact" or "perceptual"
-    distance: int
+    kept: Record  # the copy kept in its place; for a dropped label conflict, the copy it conflicts with
+    kind: str  # how `removed` was matched: "exact", "perceptual" or "geometric"
+    distance: int  # Hamming bits (perceptual), RANSAC inliers (geometric), 0 (exact)
+    evidence: str = ""  # the match in words, e.g. "hamming 3" or "164 inliers, spread 0.28, scale 1.12, +0.4 deg"
+    label_conflict: bool = False  # the copies carry different harmonised labels
+    kept_too: bool = True  # False when a label conflict dropped every copy
 
 
 @dataclass
@@ -105,16 +118,23 @@ class DedupResult:
     kept: list[Record]
     duplicates: list[Duplicate]
     merged_patients: dict[str, str] = field(default_factory=dict)  # old patient id -> id it joined
+    # every match found between the input records, (first, second, kind, evidence): what the leak audit checks
+    matches: list[tuple[Record, Record, str, str]] = field(default_factory=list)
 
     def summary(self) -> dict:
         by_pair: dict[str, Counter] = defaultdict(Counter)
         for dup in self.duplicates:
             by_pair[dup.removed.source][dup.kept.source] += 1
         kinds = Counter(dup.kind for dup in self.duplicates)
+        conflicts = [dup for dup in self.duplicates if dup.label_conflict]
         return {
             "total": len(self.duplicates),
             "exact": kinds["exact"],
             "perceptual": kinds["perceptual"],
+            "geometric": kinds["geometric"],
+            # images in a group of copies with different labels, and how many of them were dropped for it
+            "label_conflicts": len(conflicts),
+            "label_conflicts_dropped": sum(1 for dup in conflicts if not dup.kept_too),
             # removed from source -> {source of the copy that was kept: count}
             "by_source": {src: dict(sorted(kept.items())) for src, kept in sorted(by_pair.items())},
             "patients_merged": len(self.merged_patients),
@@ -138,46 +158,111 @@ class _Patients:
             self.parent[removed_root] = kept_root
 
 
+LABEL_CONFLICT_POLICIES = ("drop", "keep_priority")
+
+
+def _other_origin(first: Record, second: Record) -> bool:
+    """Two sources, or two patients: a geometric match is then a copy even of one patient's image.
+
+    Within one source and one patient it may be a follow-up taken in the same position
+    (measured: a real ieee8023 pair a week apart fits one similarity with 25 inliers), so it
+    is treated like a perceptual match there: kept.
+    """
+    return first.source != second.source or first.patient_id != second.patient_id
+
+
+def matches(
+    order: list[Record],
+    hashes: Mapping[str, tuple[bytes, bytes]],
+    features: Mapping[str, bytes] | None,
+    max_distance: int,
+    min_inliers: int,
+) -> list[tuple[int, int, str, int, str]]:
+    """(i, j, kind, distance, evidence) edges between positions in `order`, stage by stage."""
+    edges = []
+    first_with: dict[bytes, int] = {}
+    unique: list[int] = []
+    for index, record in enumerate(order):
+        digest = hashes[str(record.image)][0]
+        if digest in first_with:
+            edges.append((first_with[digest], index, "exact", 0, "same decoded pixels"))
+        else:
+            first_with[digest] = index
+            unique.append(index)
+    if len(unique) < 2 or max_distance < 0:
+        return edges
+
+    def other_patients(i: int, j: int) -> bool:  # near copies within one patient are follow-ups: never removed
+        return order[unique[i]].patient_id != order[unique[j]].patient_id
+
+    matrix = np.frombuffer(b"".join(hashes[str(order[i].image)][1] for i in unique), np.uint8).reshape(len(unique), -1)
+    for i, j, distance in near_pairs(matrix, max_distance):
+        if other_patients(i, j):
+            edges.append((unique[i], unique[j], "perceptual", distance, f"hamming {distance} of 256 bits"))
+    if features is not None and min_inliers > 0:
+        # the geometric check tells a copy from a follow-up itself, so it also runs within a patient
+        unpacked = [near_duplicates.unpack(features[str(order[i].image)]) for i in unique]
+        for i, j, match in near_duplicates.confirmed_pairs(unpacked, min_inliers):
+            edges.append((unique[i], unique[j], "geometric", match.inliers, match.describe()))
+    return edges
+
+
 def deduplicate(
     records: list[Record],
     hashes: Mapping[str, tuple[bytes, bytes]],
     priority: Mapping[str, int],
     max_distance: int,
+    features: Mapping[str, bytes] | None = None,
+    min_inliers: int = 0,
+    label_conflicts: str = "drop",
 ) -> DedupResult:
-    """Drop exact and near copies; `hashes` maps str(record.image) -> (pixel digest, perceptual hash)."""
+    """Drop exact, perceptual and (with `features`) geometric copies.
+
+    `hashes` maps str(record.image) -> (pixel digest, perceptual hash),
+    `features` -> near_duplicates.features(); `min_inliers` 0 skips the geometric stage.
+    Copies with different labels (`label_conflicts`): "drop" removes every copy, "keep_priority" keeps the preferred one.
+    """
+    if label_conflicts not in LABEL_CONFLICT_POLICIES:
+        raise ValueError(f"label_conflicts={label_conflicts!r}: use one of {LABEL_CONFLICT_POLICIES}")
     order = sorted(records, key=lambda r: (priority.get(r.source, 0), r.source, r.record_id, str(r.image)))
+    edges = matches(order, hashes, features, max_distance, min_inliers)
+    cluster = list(range(len(order)))  # union-find; the most preferred position is the root
+
+    def find(i: int) -> int:
+        while cluster[i] != i:
+            cluster[i] = cluster[cluster[i]]
+            i = cluster[i]
+        return i
+
+    how: dict[int, tuple[int, str, int, str]] = {}  # position -> (partner, kind, distance, evidence) of its first match
+    confirmed = set()  # positions matched exactly or geometrically to a preferred image: copies even within one patient
+    for i, j, kind, distance, evidence in edges:
+        a, b = find(i), find(j)
+        cluster[max(a, b)] = min(a, b)
+        how.setdefault(i, (j, kind, distance, evidence))
+        how.setdefault(j, (i, kind, distance, evidence))
+        if kind == "exact" or (kind == "geometric" and _other_origin(order[i], order[j])):
+            confirmed.add(max(i, j))
+    members: dict[int, list[int]] = defaultdict(list)
+    for i in how:
+        root = find(i)
+        # confirmed copies always go; a perceptual match goes unless it is the root patient's own (maybe a follow-up)
+        if i != root and (i in confirmed or order[i].patient_id != order[root].patient_id):
+            members[root].append(i)
+
     duplicates: list[Duplicate] = []
-    first_with: dict[bytes, Record] = {}
-    unique: list[Record] = []
-    for record in order:
-        digest = hashes[str(record.image)][0]
-        if digest in first_with:
-            duplicates.append(Duplicate(record, first_with[digest], "exact", 0))
-        else:
-            first_with[digest] = record
-            unique.append(record)
-
-    if len(unique) > 1 and max_distance >= 0:
-        matrix = np.frombuffer(b"".join(hashes[str(r.image)][1] for r in unique), np.uint8).reshape(len(unique), -1)
-        cluster = list(range(len(unique)))  # union-find; the most preferred index is the root
-
-        def find(i: int) -> int:
-            while cluster[i] != i:
-                cluster[i] = cluster[cluster[i]]
-                i = cluster[i]
-            return i
-
-        for i, j, _ in near_pairs(matrix, max_distance):
-            if unique[i].patient_id != unique[j].patient_id:
-                a, b = find(i), find(j)
-                cluster[max(a, b)] = min(a, b)
-        removed = set()
-        for i, record in enumerate(unique):
-            root = unique[find(i)]
-            if root is not record and record.patient_id != root.patient_id:
-                removed.add(i)
-                duplicates.append(Duplicate(record, root, "perceptual", hamming(hashes[str(record.image)][1], hashes[str(root.image)][1])))
-        unique = [r for i, r in enumerate(unique) if i not in removed]
+    removed = {i for copies in members.values() for i in copies}
+    for root, copies in members.items():
+        conflict = len({order[i].label for i in [root, *copies]}) > 1
+        drop_all = conflict and label_conflicts == "drop"
+        for i in sorted(copies):
+            partner, *match = how[i]
+            kept_in_its_place = root if partner in removed else partner  # the image it matched, unless that went too
+            duplicates.append(Duplicate(order[i], order[kept_in_its_place], *match, label_conflict=conflict, kept_too=not drop_all))
+        if drop_all:
+            twin = min(i for i in copies if order[i].label != order[root].label)
+            duplicates.append(Duplicate(order[root], order[twin], *how[twin][1:], label_conflict=True, kept_too=False))
+            removed.add(root)
 
     rank = {record: i for i, record in enumerate(order)}
     patients = _Patients()
@@ -185,5 +270,6 @@ def deduplicate(
         if dup.removed.patient_id != dup.kept.patient_id:
             patients.merge(dup.removed.patient_id, dup.kept.patient_id)
     merged = {p: patients.root(p) for p in patients.parent}
-    kept = [dataclasses.replace(r, patient_id=merged[r.patient_id]) if r.patient_id in merged else r for r in unique]
-    return DedupResult(kept=kept, duplicates=duplicates, merged_patients=merged)
+    kept = [dataclasses.replace(r, patient_id=merged.get(r.patient_id, r.patient_id)) for i, r in enumerate(order) if i not in removed]
+    found = [(order[i], order[j], kind, evidence) for i, j, kind, _, evidence in edges]
+    return DedupResult(kept=kept, duplicates=duplicates, merged_patients=merged, matches=found)

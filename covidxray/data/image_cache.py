@@ -4,7 +4,8 @@ Decoding dominates `prepare`. Dedup must run before the patient split and
 the split before shards are planned, so a naive pipeline decodes twice
 (once to hash, once to shard). Instead one parallel pass turns each file
 into everything later stages need: the resized PNG that goes into the shard,
-the exact pixel digest and the perceptual hash. These live in one SQLite file
+the exact pixel digest, the perceptual hash and the local features of the
+geometric near-duplicate check. These live in one SQLite file
 under `<data_dir>/cache/`, keyed by the sha256 of the file's bytes, so a
 re-run or a resumed run decodes only new or changed files (a file replaced in
 place with the same size and mtime is still seen as changed, and a file name
@@ -36,13 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from covidxray.data import dedup, preprocess, radiograph_gate
+from covidxray.data import dedup, near_duplicates, preprocess, radiograph_gate
 from covidxray.data.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
 
-_SCHEMA_VERSION = 2  # 2: keyed by content sha256 (1 was path, size, mtime)
+_SCHEMA_VERSION = 3  # 3: + near-duplicate features; 2: keyed by content sha256 (1 was path, size, mtime)
 _SCHEMA = """CREATE TABLE IF NOT EXISTS images (
-    content_sha256 BLOB PRIMARY KEY, png BLOB, pixel_sha256 BLOB, phash BLOB, reason TEXT, detail TEXT)"""
+    content_sha256 BLOB PRIMARY KEY, png BLOB, pixel_sha256 BLOB, phash BLOB, features BLOB, reason TEXT, detail TEXT)"""
 _COMMIT_EVERY = 64
 _IN_FLIGHT_PER_WORKER = 2  # enough to keep every worker busy; also bounds the files suspected when one dies
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
@@ -56,6 +57,7 @@ class Decoded:
 
     pixel_sha256: bytes = b""
     phash: bytes = b""
+    features: bytes = b""  # near_duplicates.features(): what the geometric duplicate check needs, without decoding again
     reason: str = ""
     detail: str = ""
 
@@ -90,7 +92,8 @@ def decode_one(job: Job) -> tuple[str, bytes | None, Decoded]:
         radiograph_gate.require_radiograph(gray, path)
         small = preprocess.resize_square(gray, size)
         thumb_source = small if size >= dedup.PHASH_INPUT else gray
-        return path, preprocess.encode_png(small), Decoded(dedup.pixel_digest(gray), dedup.perceptual_hash(thumb_source))
+        signatures = Decoded(dedup.pixel_digest(gray), dedup.perceptual_hash(thumb_source), near_duplicates.features(gray))
+        return path, preprocess.encode_png(small), signatures
     except preprocess.ImageError as err:
         return path, None, Decoded(reason=err.reason, detail=err.detail)
     except Exception as err:  # decoder bugs on hostile files (cv2.error, MemoryError, ...) are that file's problem
@@ -201,13 +204,13 @@ class ImageCache:
         return row[0]
 
     def _known(self, contents: set[bytes]) -> dict[bytes, Decoded]:
-        rows = self.db.execute("SELECT content_sha256, pixel_sha256, phash, reason, detail FROM images")
-        return {row[0]: Decoded(row[1] or b"", row[2] or b"", row[3] or "", row[4] or "") for row in rows if row[0] in contents}
+        rows = self.db.execute("SELECT content_sha256, pixel_sha256, phash, features, reason, detail FROM images")
+        return {row[0]: Decoded(row[1] or b"", row[2] or b"", row[3] or b"", row[4] or "", row[5] or "") for row in rows if row[0] in contents}
 
     def _store(self, content: bytes, png: bytes | None, decoded: Decoded) -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?)",
-            (content, png, decoded.pixel_sha256, decoded.phash, decoded.reason, decoded.detail),
+            "INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (content, png, decoded.pixel_sha256, decoded.phash, decoded.features, decoded.reason, decoded.detail),
         )
 
     def decode_all(self, paths: Iterable[str], size: int, workers: int, progress: Callable[[int], None],

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from covidxray.config import DataConfig
-from covidxray.data import dedup, preprocess
+from covidxray.data import audit, dedup, preprocess
 from covidxray.data.composition import composition
 from covidxray.data.image_cache import Decoded, ImageCache, cache_path
 from covidxray.data.labels import Task, get_task
@@ -45,6 +45,10 @@ from covidxray.sources.unmapped import override_hint
 SPLIT_TABLE = "splits.csv"  # every kept image, its patient and its split: the audit trail of the split
 DROPPED_TABLE = "dropped.csv"  # every row or file not used, and why
 DUPLICATE_TABLE = "duplicates.csv"  # every removed copy and the image kept in its place
+DUPLICATE_COLUMNS = [  # one row per removed copy; `kept_*` is the copy kept in its place (or, for a dropped label conflict, its twin)
+    "kind", "distance", "evidence", "outcome", "removed_source", "removed_image", "removed_patient", "removed_label",
+    "kept_source", "kept_image", "kept_patient", "kept_label",
+]
 MAX_DEDUP_DISTANCE = 32
 Progress = Callable[..., None]  # progress(done, total=None)
 
@@ -177,6 +181,12 @@ def _decode(records: list[Record], config: DataConfig, cache: ImageCache, progre
     return usable, decoded, contents, failed
 
 
+def _outcome(duplicate: dedup.Duplicate) -> str:
+    if not duplicate.label_conflict:
+        return "removed"
+    return "label conflict: kept by priority" if duplicate.kept_too else "label conflict: every copy dropped"
+
+
 def _no_records(what: str, task: Task, config: DataConfig, dropped: list[tuple[str, Dropped]]) -> UserError:
     top = Counter(f"{s}: {d.reason}" for s, d in dropped).most_common(3)
     hint = "; most common drops: " + "; ".join(f"{n} x {reason}" for reason, n in top) if top else ""
@@ -211,10 +221,12 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
             raise _no_records("images", task, config, dropped)
         hashes = {str(r.image): (decoded[str(r.image)].pixel_sha256, decoded[str(r.image)].phash) for r in usable}
         priorities = {name: dedup_priority(name) for name in config.sources}
-        deduped = dedup.deduplicate(usable, hashes, priorities, config.dedup_max_distance)
+        features = {str(r.image): decoded[str(r.image)].features for r in usable}
+        deduped = dedup.deduplicate(usable, hashes, priorities, config.dedup_max_distance, features, config.dedup_min_inliers, config.dedup_label_conflicts)
         if deduped.duplicates:
             summary = deduped.summary()
-            log(f"removed {summary['total']} duplicate image(s) ({summary['exact']} exact, {summary['perceptual']} near); "
+            log(f"removed {summary['total']} duplicate image(s) ({summary['exact']} exact, {summary['perceptual']} perceptual, "
+                f"{summary['geometric']} geometric; {summary['label_conflicts_dropped']} dropped for a label conflict); "
                 f"merged {summary['patients_merged']} patient id(s); see {DUPLICATE_TABLE}")
 
         splits, split_report = make_splits(deduped.kept, task, config.split, config.holdout_source, config.val_fraction, config.test_fraction, config.seed)
@@ -224,6 +236,10 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
         overlap = patients_overlap(splits)
         if overlap:
             raise AssertionError(f"patient split is unsound: {overlap[:5]} in several splits")
+        split_of = {(r.source, str(r.image)): name for name in SPLITS for r in splits[name]}
+        leaks = audit.find_leaks(split_of, deduped.kept, deduped.matches)
+        if leaks:  # the same check `covidxray audit` runs: no manifest for a split that leaks
+            raise UserError(f"the split leaks ({len(leaks)} finding(s)), no manifest written: " + "; ".join(leak.line() for leak in leaks[:5]))
 
         plan = plan_shards(splits, config.records_per_shard)
         for partial in shard_dir.glob("*.partial"):  # a killed run's unfinished file; finished shards may be reused
@@ -257,8 +273,9 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
     _write_csv(out / DROPPED_TABLE, ["source", "reason", "where", "detail"], ([s, d.reason, d.where, d.detail] for s, d in dropped))
     _write_csv(
         out / DUPLICATE_TABLE,
-        ["kind", "distance", "removed_source", "removed_image", "removed_patient", "kept_source", "kept_image", "kept_patient"],
-        ([d.kind, d.distance, d.removed.source, str(d.removed.image), d.removed.patient_id, d.kept.source, str(d.kept.image), d.kept.patient_id] for d in deduped.duplicates),
+        DUPLICATE_COLUMNS,
+        ([d.kind, d.distance, d.evidence, _outcome(d), d.removed.source, str(d.removed.image), d.removed.patient_id, d.removed.label,
+          d.kept.source, str(d.kept.image), d.kept.patient_id, d.kept.label] for d in deduped.duplicates),
     )
     return manifest
 
@@ -316,6 +333,9 @@ def build_manifest(config: DataConfig, task: Task, splits, receipts: list[dict],
         "dedup": {
             "exact": "sha256 of decoded full-resolution gray pixels",
             "perceptual": f"256-bit DCT hash, Hamming distance <= {config.dedup_max_distance} between different patients",
+            "geometric": f"ORB keypoints, RANSAC similarity with >= {config.dedup_min_inliers} inliers; "
+            "within one source and patient kept (a possible follow-up)" if config.dedup_min_inliers and config.dedup_max_distance >= 0 else "off",
+            "label_conflicts": config.dedup_label_conflicts,
             "keep": "lowest source priority, then source name, then record id",
             "priority": {name: dedup_priority(name) for name in config.sources},
         },

@@ -1,15 +1,25 @@
 """muhammedtalo/COVID-19: `X-Ray Image DataSet/{Covid-19,No_findings,Pneumonia}`.
 
 No_findings and Pneumonia are NIH ChestX-ray8 files whose names carry the
-patient (`00001280_004.png`). The Covid-19 images are ieee8023 copies without
-patient data; images of one published case (figure panels, follow-up days,
-views) are grouped by their shared name stem, which can only merge patients,
-never split one, so the split stays leak-free.
+patient (`00001280_004.png`). The Covid-19 images are ieee8023 copies (re-cropped,
+rescaled, re-encoded) under ieee8023's file names, without patient data. Their
+patients come from a table shipped with the package, derived from ieee8023's
+metadata.csv (data/ieee8023_patients.csv, CC BY-NC-SA 4.0 like its source): a
+talo COVID image gets the very id the `covid-chestxray` adapter gives its
+original, so talo alone splits ieee8023 patients soundly and together with
+covid-chestxray the two are one patient even before dedup. A name the table
+does not know (a later ieee8023 image) falls back to grouping the images of one
+published case (figure panels, follow-up days, views) by their shared name
+stem, which can only merge patients, never split one.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import re
+from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Iterator
 
@@ -18,6 +28,7 @@ from covidxray.sources.fetch import DescribedSource
 from covidxray.sources.layout import list_images, subdirs
 
 DATA_FOLDER = "X-Ray Image DataSet"
+IEEE8023_SOURCE = "covid-chestxray"  # the adapter whose patient ids talo's COVID images share
 _NIH = re.compile(r"^(\d{8})_\d{3}$")
 _UUID = re.compile(r"^[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$", re.I)
 # A trailing panel letter (-a, _b2, f1a), follow-up day (-day6) or view (-PA) names one image of a case.
@@ -33,9 +44,24 @@ def case_of(stem: str) -> str:
     return stem
 
 
-def patient_of(stem: str) -> str:
-    match = _NIH.match(stem)
-    return f"nih:{match[1]}" if match else f"case:{case_of(stem)}"
+@lru_cache(maxsize=1)
+def ieee8023_patients() -> dict[str, str]:
+    """ieee8023 image file name (lower case) -> patientid, from the shipped table."""
+    text = resources.files("covidxray.sources").joinpath("data/ieee8023_patients.csv").read_text()
+    rows = csv.DictReader(line for line in io.StringIO(text) if not line.startswith("#"))
+    return {row["filename"].lower(): row["patientid"] for row in rows}
+
+
+def known_patient(file_name: str) -> str | None:
+    """The patient id a file name proves: an NIH id, or the covid-chestxray id of an ieee8023 file name; else None."""
+    if match := _NIH.match(Path(file_name).stem):
+        return f"nih:{match[1]}"
+    patient = ieee8023_patients().get(file_name.lower())
+    return f"{IEEE8023_SOURCE}:{patient}" if patient else None
+
+
+def patient_of(file_name: str) -> str:
+    return known_patient(file_name) or f"{CovidTaloSource.name}:case:{case_of(Path(file_name).stem)}"
 
 
 @register_source
@@ -56,4 +82,9 @@ class CovidTaloSource(DescribedSource):
                 elif label is None:
                     yield Dropped(f"unknown class folder {class_dir.name!r}", str(item))
                 else:
-                    yield Record(image=item, label=label, patient_id=f"{self.name}:{patient_of(item.stem)}", source=self.name, view="frontal")
+                    yield Record(image=item, label=label, patient_id=_namespaced(patient_of(item.name)), source=self.name, view="frontal")
+
+
+def _namespaced(patient: str) -> str:
+    """NIH ids stay talo's own (no other source here has NIH images); ieee8023 ids keep covid-chestxray's namespace."""
+    return f"{CovidTaloSource.name}:{patient}" if patient.startswith("nih:") else patient

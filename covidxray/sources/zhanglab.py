@@ -3,12 +3,29 @@
 Shared by the Mendeley release (`kermany`) and its Kaggle re-split
 (`chest-xray-pneumonia`): `<split>/<CLASS>/<image>` trees, and three naming
 schemes that carry the patient (and, for pneumonia, the cause):
-  v2 / Kaggle  IM-0115-0001, NORMAL2-IM-1427-0001, person1_bacteria_1, person1_virus_6
+  v2 / Kaggle  IM-0115-0001, IM-0011-0001-0002, NORMAL2-IM-1427-0001, NORMAL2-IM-0173-0001-0002,
+               person1_bacteria_1, person1_virus_6, person447_virus_921_1
   v3 chest     NORMAL-28501-0001, BACTERIA-213622-0001, VIRUS-3637528-0002
   OCT          CNV-1016042-1, DME-1072015-1, DRUSEN-1001666-1, NORMAL-1017237-1
-Patient ids are namespaced by original split group (train+val vs test)
-because the test set is numbered on its own; the authors split by patient,
-so this can never join two real patients' images across groups.
+
+Evidence from the full Kaggle listing (5856 files, checked 2026-12-03):
+* `personN_bacteria_*` and `personN_virus_*` are two numberings, so the patient
+  is (N, cause): in train, 808 numbers occur with both causes (of 1353
+  bacteria and 1090 virus numbers: a patient with both causes 808 times is not
+  plausible), and the authors' patient-level train/test split keeps every
+  (N, cause) on one side (0 shared between train and test per cause) while 170
+  numbers are shared across causes (107 test-virus / train-bacteria, 63 the
+  other way), which a single numbering would not allow. Serials (the last
+  number) also run separately per cause.
+* `IM-NNNN-SSSS-IIII` (a study and image number after the patient) and the
+  `NORMAL2-` series: 144 names such as IM-0011-0001-0001 and person447_virus_921_1
+  were dropped before; five patients lost all their images. `NORMAL2-IM-N` is
+  its own numbering (IM-0640 and NORMAL2-IM-0640 both exist in train).
+* Ids are not namespaced by train/test: every number above is one numbering
+  across the archive's splits (0 IM ids and 0 (N, cause) shared between train
+  and test), and the Kermany v2 OCT archive uses the same ids in train and test
+  (CNV-1016042-1 in both), so one id is one patient wherever it is. Treating
+  equal ids as one patient can only merge, never split, so the split stays sound.
 """
 
 from __future__ import annotations
@@ -27,8 +44,8 @@ OCT_CLASSES = ("CNV", "DME", "DRUSEN", "NORMAL")
 PNEUMONIA_CAUSES = ("bacteria", "virus")
 
 _CLASS_FIRST = re.compile(r"^(NORMAL|BACTERIA|VIRUS|CNV|DME|DRUSEN)-(\d+)-(\d+)$", re.I)
-_PERSON = re.compile(r"^person(\d+)_(bacteria|virus)_\d+$", re.I)
-_IM = re.compile(r"^(NORMAL\d*-)?IM-(\d+)-\d+$", re.I)
+_PERSON = re.compile(r"^person(\d+)_(bacteria|virus)_\d+(_\d+)?$", re.I)
+_IM = re.compile(r"^(NORMAL\d*-)?IM-(\d+)(-\d+){1,2}$", re.I)
 
 
 def parse_name(stem: str) -> tuple[str, str] | None:
@@ -41,7 +58,7 @@ def parse_name(stem: str) -> tuple[str, str] | None:
         token = match[1].lower()
         return match[2], {"bacteria": "bacteria", "virus": "virus"}.get(token, token)
     if match := _PERSON.match(stem):
-        return f"person{int(match[1])}", match[2].lower()
+        return f"person{int(match[1])}_{match[2].lower()}", match[2].lower()
     if match := _IM.match(stem):
         return f"{(match[1] or '').upper()}IM-{match[2]}", ""
     return None
@@ -67,7 +84,6 @@ def records(source: str, root: Path, descriptor: Descriptor, part: str = "", vie
         if split not in SPLITS:
             yield Dropped(f"folder {split_dir.name!r} is not a split (train/val/test), ignored", str(split_dir))
             continue
-        group = "test" if split == "test" else "trainval"
         for item in list_images(split_dir):
             yield item if isinstance(item, Dropped) else Dropped("image outside a class folder", str(item))
         for class_dir in subdirs(split_dir):
@@ -85,5 +101,5 @@ def records(source: str, root: Path, descriptor: Descriptor, part: str = "", vie
                     yield Dropped("file name and class folder disagree", str(item), f"{token} in {class_dir.name}")
                     continue
                 label = descriptor.label_for(f"{prefix}{class_dir.name}" + (f"/{token}" if token else ""))
-                patient_id = f"{source}:{prefix.replace('/', ':')}{group}:{patient}"
+                patient_id = f"{source}:{prefix.replace('/', ':')}{patient}"
                 yield Record(image=item, label=label, patient_id=patient_id, source=source, view=view, original_split=split)

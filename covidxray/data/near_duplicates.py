@@ -1,0 +1,265 @@
+"""Near duplicates that survive what republishers do: crops, borders, rescaling, re-encoding, text, small rotations, flips.
+
+A global hash compares whole pictures, so a crop that shifts the content
+(the talo copies of ieee8023 images lost their borders and R/L markers)
+moves every low frequency and escapes it. Local features do not care: the
+same patch of the same radiograph gives the same ORB keypoint and binary
+descriptor wherever the frame ends. Two stages:
+
+1. Candidates without comparing all pairs. Every image's ORB descriptors
+   (of the image and of its mirror image, for flipped copies) are cut into
+   32-bit words; images whose descriptors share words collect votes. Each
+   word is a bucket of an inverted index, so the work is the sum of the
+   bucket sizes squared; buckets holding more than `MAX_BUCKET` entries
+   (textures every radiograph has: a stop word) are skipped, which bounds
+   the work by entries x MAX_BUCKET: linear in the number of images.
+2. Confirmation: the candidate pair's descriptors are matched (Lowe ratio
+   test) and a similarity transform (rotation, uniform scale, shift) is
+   fitted with RANSAC (cv2.estimateAffinePartial2D). A copy has many inliers
+   spread over a large part of the image. A follow-up radiograph of the same
+   patient shares anatomy but the ribs, the heart and the tubes moved: only a
+   handful of points, or only a burned-in text marker, fit one transform
+   (measured on the real samples: different patients <= 27 inliers, a
+   follow-up a week apart in the same pose 17-25, an original and its copy
+   >= 39; dedup's default threshold is 32).
+
+Everything stage 2 needs is computed once per image where it is decoded
+(`features`, stored in the decode cache), so confirming never decodes again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+FEATURE_VERSION = "orb-384-384-grid8-trim+mirror/4"
+SIDE = 384  # longest side the features are computed at: copies at any scale meet at one size
+KEYPOINTS = 384
+CANDIDATE_KEYPOINTS = 4 * KEYPOINTS  # detected, before the strongest are spread over a grid
+GRID = 8
+UNIFORM_SPREAD = 12  # gray levels within which a border row or column counts as flat
+WORDS_PER_DESCRIPTOR = 8  # 32-byte descriptor = 8 words of 32 bits
+MAX_BUCKET = 8  # entries sharing one word above which the word is a stop word
+MIN_VOTES = 4  # shared words that make a pair a candidate
+PER_IMAGE = 3  # candidates per image, best voted first: bounds the geometric checks to 3 per image
+RATIO = 0.8  # Lowe's ratio test
+REPROJECTION_PX = 4.0  # RANSAC inlier tolerance at SIDE px
+MIN_SPREAD = 0.2  # inliers' convex hull / image area, in the image they cover more of
+MIN_SCALE, MAX_SCALE = 1 / 8, 8.0
+_HEADER = np.dtype([("count", "<u2"), ("width", "<u2"), ("height", "<u2")])
+
+
+@dataclass(frozen=True)
+class Features:
+    points: np.ndarray  # (n, 2) float32 keypoint positions at SIDE px
+    descriptors: np.ndarray  # (n, 32) uint8 ORB descriptors
+    mirrored: np.ndarray  # (n, 32) uint8 descriptors of the same keypoints in the mirror image
+    width: int
+    height: int
+
+    def mirror_points(self) -> np.ndarray:
+        return np.column_stack([self.width - 1 - self.points[:, 0], self.points[:, 1]])
+
+
+@dataclass(frozen=True)
+class Match:
+    inliers: int
+    spread: float  # the larger of the two inlier hull / image area fractions
+    scale: float  # size of the second image relative to the first (at SIDE px)
+    degrees: float
+    flipped: bool
+
+    def describe(self) -> str:
+        return f"{self.inliers} inliers, spread {self.spread:.2f}, scale {self.scale:.2f}, {self.degrees:+.1f} deg" + (", mirrored" if self.flipped else "")
+
+
+def _orb(count: int) -> cv2.ORB:
+    # A small patch and edge margin keep keypoints near the crop border; a low FAST threshold finds
+    # enough corners in soft, low-contrast radiographs.
+    return cv2.ORB_create(nfeatures=count, scaleFactor=1.2, nlevels=6, edgeThreshold=15, patchSize=15, fastThreshold=5)
+
+
+def _spread_out(keypoints, width: int, height: int) -> list:
+    """The KEYPOINTS strongest, at most a fair share per cell of a GRID x GRID grid first.
+
+    Burned-in text, markers and borders have the strongest corners of all; taken
+    by strength alone they would crowd out the anatomy a copy shares.
+    """
+    by_strength = sorted(keypoints, key=lambda k: -k.response)
+    per_cell = -(-KEYPOINTS // (GRID * GRID))
+    taken: dict[tuple[int, int], int] = {}
+    chosen, rest = [], []
+    for k in by_strength:
+        cell = (min(GRID - 1, int(k.pt[0] * GRID / width)), min(GRID - 1, int(k.pt[1] * GRID / height)))
+        if taken.get(cell, 0) < per_cell:
+            taken[cell] = taken.get(cell, 0) + 1
+            chosen.append(k)
+        else:
+            rest.append(k)
+    return (chosen + rest)[:KEYPOINTS]
+
+
+def _at_side(gray: np.ndarray) -> np.ndarray:
+    height, width = gray.shape
+    scale = SIDE / max(height, width)
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    return cv2.resize(gray, size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
+
+
+def trim_uniform_border(gray: np.ndarray) -> np.ndarray:
+    """`gray` without the flat frame around it (padding a copy added, or the black margin of a scan).
+
+    Cut away, both in the original and in a padded copy, the content is at the
+    same scale at SIDE px, so the same keypoints are found. Rows and columns
+    whose gray levels span at most UNIFORM_SPREAD (at SIDE px, where JPEG noise
+    is averaged away) count as frame; nothing is trimmed below half the side.
+    """
+    small = _at_side(gray)
+    rows = np.flatnonzero(np.ptp(small, axis=1) > UNIFORM_SPREAD)
+    columns = np.flatnonzero(np.ptp(small, axis=0) > UNIFORM_SPREAD)
+    if len(rows) < small.shape[0] / 2 or len(columns) < small.shape[1] / 2:
+        return small
+    top, bottom, left, right = rows[0], rows[-1] + 1, columns[0], columns[-1] + 1
+    if (top, bottom, left, right) == (0, small.shape[0], 0, small.shape[1]):
+        return small
+    fy, fx = gray.shape[0] / small.shape[0], gray.shape[1] / small.shape[1]
+    return _at_side(gray[int(top * fy) : int(np.ceil(bottom * fy)), int(left * fx) : int(np.ceil(right * fx))])
+
+
+def features(gray: np.ndarray) -> bytes:
+    """Compact ORB keypoints + descriptors of an 8-bit gray image (and of its mirror image), ~26 KB."""
+    small = cv2.equalizeHist(trim_uniform_border(gray))  # brightness, contrast and gamma changes are monotonic: equalising undoes them
+    orb = _orb(CANDIDATE_KEYPOINTS)
+    keypoints = _spread_out(orb.detect(small, None), small.shape[1], small.shape[0])
+    keypoints, descriptors = orb.compute(small, keypoints)
+    if descriptors is None:
+        keypoints, descriptors = (), np.zeros((0, 32), np.uint8)
+    mirror_width = small.shape[1]
+    # The mirror image has the mirrored keypoints (FAST and Harris are symmetric); only descriptors need computing.
+    mirrored_keypoints = [cv2.KeyPoint(mirror_width - 1 - k.pt[0], k.pt[1], k.size, (180 - k.angle) % 360, k.response, k.octave) for k in keypoints]
+    kept, mirrored = orb.compute(cv2.flip(small, 1), mirrored_keypoints)
+    if len(kept) != len(keypoints):  # compute() drops keypoints too close to the border: keep the common ones
+        mirror_x = {round(k.pt[0], 2) for k in kept}
+        common = [i for i, k in enumerate(mirrored_keypoints) if round(k.pt[0], 2) in mirror_x]
+        keypoints, descriptors = [keypoints[i] for i in common], descriptors[common]
+    points = np.float16([k.pt for k in keypoints]).reshape(-1, 2)
+    header = np.array([(len(points), small.shape[1], small.shape[0])], _HEADER)
+    mirrored = mirrored if mirrored is not None else np.zeros((0, 32), np.uint8)
+    return header.tobytes() + points.tobytes() + descriptors.tobytes() + mirrored.tobytes()
+
+
+def unpack(blob: bytes) -> Features:
+    header = np.frombuffer(blob, _HEADER, count=1)[0]
+    n = int(header["count"])
+    offset = _HEADER.itemsize
+    points = np.frombuffer(blob, np.float16, count=2 * n, offset=offset).reshape(n, 2).astype(np.float32)
+    offset += 4 * n
+    descriptors = np.frombuffer(blob, np.uint8, count=32 * n, offset=offset).reshape(n, 32)
+    mirrored = np.frombuffer(blob, np.uint8, count=32 * n, offset=offset + 32 * n).reshape(n, 32)
+    return Features(points, descriptors, mirrored, int(header["width"]), int(header["height"]))
+
+
+def candidate_pairs(all_features: list[Features], min_votes: int = MIN_VOTES, per_image: int = PER_IMAGE) -> dict[tuple[int, int, bool], int]:
+    """(i, j, mirrored) with i < j -> shared descriptor words, for pairs with at least `min_votes`.
+
+    `mirrored` pairs share words between one image and the other's mirror image.
+    Work and memory are linear in the number of descriptors (see module doc).
+    """
+    images, orientation, words = [], [], []
+    for index, item in enumerate(all_features):
+        for flipped, descriptors in ((0, item.descriptors), (1, item.mirrored)):
+            if len(descriptors):
+                words.append(np.ascontiguousarray(descriptors).view("<u4"))
+                images.append(np.full(len(descriptors), index, np.int64))
+                orientation.append(np.full(len(descriptors), flipped, np.int64))
+    if not words:
+        return {}
+    word_table, image_of, side_of = np.concatenate(words), np.concatenate(images), np.concatenate(orientation)
+    count = len(all_features)
+    votes: list[tuple[np.ndarray, np.ndarray]] = []  # per word column: the distinct pairs, how often they met in it
+    for column in range(WORDS_PER_DESCRIPTOR):
+        keys = word_table[:, column]
+        order = np.argsort(keys, kind="stable")
+        keys, image, side = keys[order], image_of[order], side_of[order]
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        sizes = np.diff(np.r_[starts, len(keys)])
+        usable = np.repeat(sizes <= MAX_BUCKET, sizes)  # stop words out
+        met = []
+        for gap in range(1, MAX_BUCKET):
+            same = (keys[gap:] == keys[:-gap]) & usable[gap:] & usable[:-gap]
+            if not same.any():
+                break
+            a, b = image[:-gap][same], image[gap:][same]
+            mirrored = side[:-gap][same] ^ side[gap:][same]
+            other = a != b
+            low, high = np.minimum(a, b)[other], np.maximum(a, b)[other]
+            met.append((low * count + high) * 2 + mirrored[other])
+        if met:
+            votes.append(np.unique(np.concatenate(met), return_counts=True))
+    if not votes:
+        return {}
+    # a copy shares many words, often several per descriptor: every shared word is one vote
+    pair_ids = np.concatenate([ids for ids, _ in votes])
+    order = np.argsort(pair_ids, kind="stable")
+    pair_ids, counts = pair_ids[order], np.concatenate([n for _, n in votes])[order]
+    starts = np.flatnonzero(np.r_[True, pair_ids[1:] != pair_ids[:-1]])
+    pair_ids, counts = pair_ids[starts], np.add.reduceat(counts, starts)
+    keep = counts >= min_votes
+    pair_ids, counts = pair_ids[keep], counts[keep]
+    low, high, mirrored = pair_ids // 2 // count, pair_ids // 2 % count, pair_ids % 2
+    return _strongest_per_image(low, high, mirrored, counts, per_image)
+
+
+def _strongest_per_image(low, high, mirrored, counts, per_image: int) -> dict[tuple[int, int, bool], int]:
+    """Keep a pair when it is among the `per_image` best-voted pairs of either image: at most per_image x n pairs."""
+    kept: dict[tuple[int, int, bool], int] = {}
+    taken: dict[int, int] = {}
+    for index in np.argsort(-counts, kind="stable"):
+        i, j = int(low[index]), int(high[index])
+        if taken.get(i, 0) < per_image or taken.get(j, 0) < per_image:
+            kept[(i, j, bool(mirrored[index]))] = int(counts[index])
+            taken[i], taken[j] = taken.get(i, 0) + 1, taken.get(j, 0) + 1
+    return kept
+
+
+def _hull_fraction(points: np.ndarray, width: int, height: int) -> float:
+    if len(points) < 3:
+        return 0.0
+    return float(cv2.contourArea(cv2.convexHull(points.astype(np.float32)))) / float(width * height)
+
+
+def verify(first: Features, second: Features, mirrored: bool, min_inliers: int) -> Match | None:
+    """The similarity transform mapping `first` onto `second` (or its mirror image), if a copy's worth of points fit it."""
+    other_descriptors = second.mirrored if mirrored else second.descriptors
+    if len(first.descriptors) < 2 or len(other_descriptors) < 2:
+        return None
+    other_points = second.mirror_points() if mirrored else second.points
+    matches = cv2.BFMatcher(cv2.NORM_HAMMING).knnMatch(first.descriptors, other_descriptors, k=2)
+    good = [m[0] for m in matches if len(m) == 2 and m[0].distance < RATIO * m[1].distance]
+    if len(good) < max(3, min_inliers):
+        return None
+    source = first.points[[m.queryIdx for m in good]]
+    target = other_points[[m.trainIdx for m in good]]
+    transform, inlier_mask = cv2.estimateAffinePartial2D(source, target, method=cv2.RANSAC, ransacReprojThreshold=REPROJECTION_PX, maxIters=2000, confidence=0.995)
+    if transform is None:
+        return None
+    inlier = inlier_mask.ravel().astype(bool)
+    scale = float(np.hypot(transform[0, 0], transform[1, 0]))
+    # a crop covers all of the copy and part of the original, a padded copy the other way round: the larger fraction
+    spread = max(_hull_fraction(source[inlier], first.width, first.height), _hull_fraction(target[inlier], second.width, second.height))
+    match = Match(int(inlier.sum()), spread, scale, float(np.degrees(np.arctan2(transform[1, 0], transform[0, 0]))), mirrored)
+    if match.inliers < min_inliers or match.spread < MIN_SPREAD or not MIN_SCALE <= scale <= MAX_SCALE:
+        return None
+    return match
+
+
+def confirmed_pairs(all_features: list[Features], min_inliers: int) -> list[tuple[int, int, Match]]:
+    """(i, j, Match) for every candidate pair that the geometric check confirms."""
+    found, done = [], set()
+    for (i, j, mirrored), _ in sorted(candidate_pairs(all_features).items(), key=lambda item: -item[1]):
+        if (i, j) not in done and (match := verify(all_features[i], all_features[j], mirrored, min_inliers)):
+            found.append((i, j, match))
+            done.add((i, j))
+    return found
