@@ -31,11 +31,9 @@ Needs the real samples in ../shared/data (see its README.md).
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import pickle
-import subprocess
 import sys
 import time
 from collections import defaultdict

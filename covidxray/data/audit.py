@@ -108,13 +108,13 @@ def audit(data_dir: Path, config: DataConfig, progress: Callable[..., None] | No
     log(f"auditing {len(records)} image(s) in {len({s for s in split_of.values()})} split(s) of {data_dir}")
     with tempfile.TemporaryDirectory() as scratch:
         cache_file = cache_path(data_dir if prepared else Path(scratch), config.image_size)
-        with ImageCache(cache_file) as cache:
+        with ImageCache(cache_file, log) as cache:
             paths = [str(r.image) for r in records]
             progress(0, len(set(paths)))
-            decoded = cache.decode_all(paths, config.image_size, config.workers or os.cpu_count() or 1, progress)
+            decoded, _ = cache.decode_all(paths, config.image_size, config.workers or os.cpu_count() or 1, progress, config.max_pixels, log)
     usable = [r for r in records if decoded[str(r.image)].ok]
     if len(usable) < len(records):
-        log(f"{len(records) - len(usable)} image(s) could not be read and were not compared, e.g. {next(decoded[str(r.image)].message for r in records if not decoded[str(r.image)].ok)}")
+        log(f"{len(records) - len(usable)} image(s) could not be read and were not compared, e.g. {next(f'{r.image}: {decoded[str(r.image)].detail}' for r in records if not decoded[str(r.image)].ok)}")
     hashes = {str(r.image): (decoded[str(r.image)].pixel_sha256, decoded[str(r.image)].phash) for r in usable}
     features = {str(r.image): decoded[str(r.image)].features for r in usable}
     edges = dedup.matches(usable, hashes, features, config.dedup_max_distance, config.dedup_min_inliers)
