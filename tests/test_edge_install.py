@@ -93,15 +93,25 @@ TRAINING_COMMANDS = {
     "evaluate": ["evaluate", "--data-dir", "{data}", "--run-dir", "{run}"],
     "export": ["export", "--format", "int8", "--data-dir", "{data}", "--run-dir", "{run}"],
     "demo": ["demo", "--epochs", "1", "--workdir", "{tmp}/demo"],
+    "doctor": ["doctor"],
 }
 
 
 @pytest.mark.parametrize("command", sorted(TRAINING_COMMANDS))
-def test_training_commands_name_the_install_they_need(command, trained_run, synthetic_data, tmp_path):
-    args = [a.format(tmp=tmp_path, data=synthetic_data, run=trained_run) for a in TRAINING_COMMANDS[command]]
+def test_training_commands_name_the_install_they_need(command, exported_run, synthetic_data, tmp_path):
+    args = [a.format(tmp=tmp_path, data=synthetic_data, run=exported_run) for a in TRAINING_COMMANDS[command]]
     result = run_on_edge(*args)
     message = " ".join(result.stderr.split())
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "training install" in message and "scripts/install.sh" in message and "covidxray[train]" in message
     assert not (tmp_path / "data").exists() and not (tmp_path / "demo" / "data" / "manifest.json").exists()
+
+
+def test_predict_explain_says_it_needs_tensorflow(exported_run, synthetic_data, tmp_path):
+    """Grad-CAM runs the Keras model: on an edge install, a message instead of a traceback or a silent skip."""
+    image = str(held_out_images(synthetic_data, 1)[0])
+    result = run_on_edge("predict", "--model", str(exported_run), "--explain", "--explain-dir", str(tmp_path / "gc"), image)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "needs TensorFlow" in " ".join(result.stderr.split())
+    assert not (tmp_path / "gc").exists()
