@@ -74,6 +74,10 @@ ensure_rootfs() {
         return
     fi
     log "debootstrap arm64 bookworm from $MIRROR into $ROOT (15-30 min under emulation)"
+    # Never rm -rf through a bind mount of the host's /dev or /proc left by a killed run.
+    if grep -q " $ROOT/" /proc/mounts; then
+        echo "error: something is still mounted under $ROOT (see /proc/mounts): unmount it first" >&2; exit 1
+    fi
     rm -rf "$ROOT"
     # What Raspberry Pi OS Lite has and install.sh relies on: python3, sudo, certificates. Nothing more, so
     # install.sh's own apt step is what gets tested.
@@ -134,13 +138,19 @@ print(\"int8 agrees with Keras on %.0f%% of the test split\" % (100 * r[\"agreem
     esac
 }
 
+RESULTS=$CACHE/results-$(date +%Y%m%d-%H%M%S).tsv
+printf 'step\twall time\tresult\tlast output line\n' >"$RESULTS"
+add_row() {  # add_row STEP SECONDS RESULT LAST-LINE
+    printf '%s\t%dm%02ds\t%s\t%s\n' "$1" $(($2 / 60)) $(($2 % 60)) "$3" "$4" >>"$RESULTS"
+}
+
 ensure_binfmt
-ensure_rootfs
+started=$(date +%s)
+ensure_rootfs | tee "$CACHE/rootfs.log"
+add_row rootfs $(($(date +%s) - started)) ok "$(tail -1 "$CACHE/rootfs.log")"
 enter_root
 in_root 1m "uname -m | grep -qx aarch64" || { echo "error: the chroot does not run arm64 code" >&2; exit 1; }
 
-RESULTS=$CACHE/results-$(date +%Y%m%d-%H%M%S).tsv
-printf 'step\twall time\tresult\tlast output line\n' >"$RESULTS"
 overall=0
 for step in $STEPS; do
     command=$(step_command "$step")
@@ -155,7 +165,7 @@ for step in $STEPS; do
     case $status in 0) result=ok ;; 124) result="TIMEOUT after $timeout" ;; *) result="FAILED (exit $status)" ;; esac
     [ "$status" = 0 ] || overall=1
     last=$(grep -v '^\s*$' "$CACHE/$step.log" | tail -1 | cut -c1-100 | tr '\t' ' ')
-    printf '%s\t%dm%02ds\t%s\t%s\n' "$step" $((seconds / 60)) $((seconds % 60)) "$result" "$last" >>"$RESULTS"
+    add_row "$step" "$seconds" "$result" "$last"
     [ "$step" != install ] || [ "$status" = 0 ] || break   # nothing else can run without the install
 done
 
