@@ -88,6 +88,8 @@ ensure_rootfs() {
 
 enter_root() {
     cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+    # The host's CA bundle, for networks whose HTTPS proxy has its own CA (pip gets it through PIP_CERT).
+    cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/host-ca-certificates.crt"
     mount_in_root "$ROOT/proc" -t proc proc
     mount_in_root "$ROOT/sys" -t sysfs sysfs
     mount_in_root "$ROOT/dev" --bind /dev
@@ -107,6 +109,7 @@ enter_root() {
 in_root() {  # in_root TIMEOUT COMMAND: run a shell command inside the arm64 root fs, from the project folder
     timeout --foreground -k 30s "$1" nice -n "$NICE" chroot "$ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin QEMU_CPU="$QEMU_CPU" \
+        PIP_CERT=/etc/ssl/host-ca-certificates.crt SSL_CERT_FILE=/etc/ssl/host-ca-certificates.crt \
         /bin/bash -c "cd $IN_ROOT && $2"
 }
 
