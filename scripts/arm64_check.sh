@@ -50,8 +50,17 @@ cleanup() {
     done
     MOUNTED=()
 }
+# A step runs in the background under `timeout`, which leads its own process group and passes a signal on to
+# all of it; the script waits with `wait`, which a signal interrupts (a foreground command would delay the trap).
+STEP_PID_FILE=""
+on_signal() {
+    echo "interrupted: stopping the running step" >&2
+    [ -z "$STEP_PID_FILE" ] || [ ! -s "$STEP_PID_FILE" ] || kill -TERM "$(cat "$STEP_PID_FILE")" 2>/dev/null || true
+    wait
+    exit 130
+}
 trap cleanup EXIT
-trap 'echo "interrupted" >&2; exit 130' INT TERM HUP
+trap on_signal INT TERM HUP
 
 mount_in_root() {  # mount_in_root TARGET mount-args...: mount once, remember it for cleanup
     local target=$1; shift
@@ -107,7 +116,8 @@ enter_root() {
 }
 
 in_root() {  # in_root TIMEOUT COMMAND: run a shell command inside the arm64 root fs, from the project folder
-    timeout --foreground -k 30s "$1" nice -n "$NICE" chroot "$ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
+    # exec: the caller's subshell becomes `timeout` itself, so its pid is the one to signal. Call in a subshell.
+    exec timeout -k 30s "$1" nice -n "$NICE" chroot "$ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin QEMU_CPU="$QEMU_CPU" \
         PIP_CERT=/etc/ssl/host-ca-certificates.crt SSL_CERT_FILE=/etc/ssl/host-ca-certificates.crt \
         /bin/bash -c "cd $IN_ROOT && $2"
@@ -154,7 +164,7 @@ started=$(date +%s)
 ensure_rootfs | tee "$CACHE/rootfs.log"
 add_row rootfs $(($(date +%s) - started)) ok "$(tail -1 "$CACHE/rootfs.log")"
 enter_root
-in_root 1m "uname -m | grep -qx aarch64" || { echo "error: the chroot does not run arm64 code" >&2; exit 1; }
+(in_root 1m "uname -m | grep -qx aarch64") || { echo "error: the chroot does not run arm64 code" >&2; exit 1; }
 
 overall=0
 for step in $STEPS; do
@@ -162,9 +172,13 @@ for step in $STEPS; do
     timeout=$STEP_TIMEOUT; [ "$step" = install ] && timeout=$INSTALL_TIMEOUT
     log "$step: $command"
     started=$(date +%s)
+    STEP_PID_FILE=$CACHE/.step.pid
+    : >"$STEP_PID_FILE"; rm -f "$CACHE/.step.status"
     set +e
-    in_root "$timeout" "$command" 2>&1 | tee "$CACHE/$step.log"
-    status=${PIPESTATUS[0]}
+    ( in_root "$timeout" "$command" 2>&1 & echo $! >"$STEP_PID_FILE"; wait $!; echo $? >"$CACHE/.step.status" ) \
+        | tee "$CACHE/$step.log" &
+    wait $!
+    status=$(cat "$CACHE/.step.status" 2>/dev/null || echo 1)
     set -e
     seconds=$(($(date +%s) - started))
     case $status in 0) result=ok ;; 124) result="TIMEOUT after $timeout" ;; *) result="FAILED (exit $status)" ;; esac
