@@ -14,9 +14,11 @@ from typing import Any, Callable, List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from covidxray.config import Config, load_config, parse_override
 from covidxray.errors import UserError
+from covidxray.train_stack import missing_train_stack, require_train_stack
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter hides our messages
 
@@ -42,6 +44,12 @@ def run(action: Callable[[], Any]) -> Any:
         return action()
     except UserError as err:
         console.print(f"[bold red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    except ModuleNotFoundError as err:  # an edge install (no `train` extra) running a training command
+        needed = missing_train_stack(err)
+        if needed is None:
+            raise
+        console.print(f"[bold red]error:[/] {escape(str(needed))}")  # escape: the message names covidxray[train]
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: finished work is kept; re-run the same command to resume")
@@ -84,6 +92,8 @@ def prepare(
 
     def go():
         from covidxray.data.prepare import prepare as do_prepare
+
+        require_train_stack()  # the shards are TFRecords: fail now, not after decoding every image
 
         cfg = resolve(config, sets, data__data_dir=data_dir, data__task=task, data__image_size=image_size, data__workers=workers, data__holdout_source=hold_out_source)
         if source:
@@ -236,8 +246,6 @@ def predict(
     keras_model: Optional[Path] = typer.Option(None, help="Keras model for --explain (default: the one named by the sidecar)."),
 ):
     """Classify X-rays with the exported model (LiteRT interpreter; no TensorFlow needed)."""
-    from rich.markup import escape
-
     from covidxray.export.litert import resolve_model
     from covidxray.export.predict import predict_files
 

@@ -10,8 +10,9 @@ PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 HOROVOD_VERSION=0.28.1
 # cmake/g++ build Horovod; MPICH gives it the MPI controller besides Gloo;
-# openssh/rsync are what horovodrun and the cluster scripts use between boards.
-SYSTEM_PACKAGES="cmake g++ mpich libmpich-dev openssh-client openssh-server rsync"
+# openssh/rsync are what horovodrun and the cluster scripts use between boards;
+# python3-venv and python3-dev (Python.h for Horovod) are missing from Raspberry Pi OS Lite and Debian minimal.
+SYSTEM_PACKAGES="cmake g++ make mpich libmpich-dev openssh-client openssh-server rsync python3-venv python3-dev"
 
 missing_system_packages() {
     for pkg in $SYSTEM_PACKAGES; do
@@ -37,7 +38,7 @@ PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade "pip>=24" wheel setuptools
 
 echo "==> installing covidxray and its pinned dependencies"
-$PIP install -q -e ".[dev]"
+$PIP install -q -e ".[train,dev]"
 
 if "$VENV/bin/python" -c "import horovod, horovod.tensorflow as h; assert horovod.__version__ == '$HOROVOD_VERSION'" 2>/dev/null; then
     echo "==> horovod $HOROVOD_VERSION already built"
