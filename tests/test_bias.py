@@ -140,14 +140,20 @@ def test_evaluate_per_source_on_the_real_merge(merged, tmp_path):
         assert f"{source}:" in evaluated.stderr
     assert "ECE" in evaluated.stderr and (run_dir / "reliability.png").is_file()
 
-    # The same shards, as the hold-out split mode records them: talo is now a source the model "never saw".
+    # The hold-out split mode: talo only in test, so it is a source this model never saw.
     held_out = tmp_path / "held-out"
-    shutil.copytree(data_dir / "shards", held_out / "shards")
-    manifest = json.loads((data_dir / "manifest.json").read_text())
-    manifest["data_config"]["holdout_source"] = "covid19-talo"
-    (held_out / "manifest.json").write_text(json.dumps(manifest))
-    again = run_cli("evaluate", "--data-dir", str(held_out), "--run-dir", str(run_dir))
+    prepared = run_cli("prepare", "--source", f"covid-chestxray={SHARED_DATA / 'covid-chestxray-sample'}",
+                       "--source", f"covid19-talo={SHARED_DATA / 'covid19-talo-sample'}",
+                       "--source", f"chest-xray-pneumonia={data_dir.parent / 'chest-xray-pneumonia'}",
+                       "--hold-out-source", "covid19-talo", "--data-dir", str(held_out), "--image-size", "64")
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    held_out_run = tmp_path / "held-out-run"
+    trained = run_cli("train", "--data-dir", str(held_out), "--run-dir", str(held_out_run), "--epochs", "2")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    again = run_cli("evaluate", "--data-dir", str(held_out), "--run-dir", str(held_out_run))
     assert again.returncode == 0, again.stderr[-3000:]
-    flags = {s: e["unseen"] for s, e in json.loads((run_dir / "evaluation.json").read_text())["per_source"].items()}
+    report = json.loads((held_out_run / "evaluation.json").read_text())
+    flags = {s: e["unseen"] for s, e in report["per_source"].items()}
+    assert "covid19-talo" in flags
     assert flags == {s: s == "covid19-talo" for s in report["per_source"]}
     assert "covid19-talo (unseen source: not in train, a generalisation figure):" in again.stderr
