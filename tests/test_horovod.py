@@ -211,3 +211,18 @@ def test_doctor_warns_when_the_hostname_resolves_to_loopback(monkeypatch):
     assert gloo_address()["reachable"] is False
     monkeypatch.setattr(socket, "getaddrinfo", resolving_to("192.168.1.107"))
     assert gloo_address() == {"hostname": "pi07", "address": "192.168.1.107", "reachable": True, "detail": "pi07 -> 192.168.1.107"}
+
+
+def test_tuning_leaves_horovod_defaults_unset_and_refuses_the_elastic_crash(monkeypatch):
+    """A default is unset (Horovod 0.28.1 then does not fix it; with both fixed an elastic job's survivors segfault)."""
+    from covidxray.errors import UserError
+    from covidxray.train.distributed import HorovodTuning
+
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "999")  # as horovodrun --fusion-threshold-mb would: the config wins
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "7")
+    HorovodTuning(fusion_buffer_mb=16, cycle_time_ms=1.0).apply(elastic=True)
+    assert os.environ["HOROVOD_FUSION_THRESHOLD"] == str(16 * 2**20) and "HOROVOD_CYCLE_TIME" not in os.environ
+    with pytest.raises(UserError, match="cannot change both train.fusion_buffer_mb and train.cycle_time_ms"):
+        HorovodTuning(fusion_buffer_mb=16, cycle_time_ms=2.5).apply(elastic=True)
+    HorovodTuning(fusion_buffer_mb=16, cycle_time_ms=2.5).apply(elastic=False)
+    assert os.environ["HOROVOD_CYCLE_TIME"] == "2.5"

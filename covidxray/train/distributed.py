@@ -30,6 +30,10 @@ from covidxray.errors import UserError
 _LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 
+# Horovod's own values when its variables are unset (horovod/common/operations.cc).
+HOROVOD_DEFAULTS = {"HOROVOD_FUSION_THRESHOLD": str(128 * 2**20), "HOROVOD_CYCLE_TIME": repr(1.0)}
+
+
 @dataclass(frozen=True)
 class HorovodTuning:
     """How gradients travel: compression on the wire, tensor-fusion buffer, background cycle (train.* keys).
@@ -44,8 +48,30 @@ class HorovodTuning:
     fusion_buffer_mb: int = 128
     cycle_time_ms: float = 1.0
 
-    def environment(self) -> dict[str, str]:
-        return {"HOROVOD_FUSION_THRESHOLD": str(self.fusion_buffer_mb * 2**20), "HOROVOD_CYCLE_TIME": repr(float(self.cycle_time_ms))}
+    def environment(self) -> dict[str, str | None]:
+        """Horovod's variables for this tuning; None: unset, so Horovod uses its own default.
+
+        A value equal to Horovod's default is left unset rather than written: Horovod 0.28.1 marks every
+        value it reads from the environment as fixed for its autotuner, and with both fixed its parameter
+        manager dereferences a null pointer when an elastic job re-forms after losing a worker (segfault in
+        ParameterManager::BayesianParameter::SetValue; tests/test_horovod.py's elastic tests).
+        """
+        wanted = {"HOROVOD_FUSION_THRESHOLD": str(self.fusion_buffer_mb * 2**20), "HOROVOD_CYCLE_TIME": repr(float(self.cycle_time_ms))}
+        return {name: None if value == HOROVOD_DEFAULTS[name] else value for name, value in wanted.items()}
+
+    def apply(self, elastic: bool) -> None:
+        """Set Horovod's variables before hvd.init() (they win over horovodrun's flags)."""
+        environment = self.environment()
+        if elastic and all(environment.values()):
+            raise UserError(
+                "an elastic job cannot change both train.fusion_buffer_mb and train.cycle_time_ms from Horovod's defaults "
+                "(128 MiB, 1 ms): Horovod 0.28.1 then crashes the surviving workers when a board drops out. Keep one at its default"
+            )
+        for name, value in environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
     def record(self) -> dict:
         return {"gradient_compression": self.gradient_compression, "fusion_buffer_mb": self.fusion_buffer_mb, "cycle_time_ms": self.cycle_time_ms}
@@ -213,7 +239,7 @@ def init_world(tuning: HorovodTuning = HorovodTuning()) -> World:
         return World(tuning=tuning)
     import horovod.tensorflow.keras as hvd
 
-    os.environ.update(tuning.environment())
+    tuning.apply(launched_elastic())
     hvd.init()
     configure_threads(hvd.local_size())
     world = World(hvd=hvd, elastic=launched_elastic(), tuning=tuning)
@@ -232,7 +258,7 @@ def standalone_gradient_averager(tuning: HorovodTuning) -> Callable[[list], list
         hvd = _core()
     except ImportError:
         return None
-    os.environ.update(tuning.environment())
+    tuning.apply(elastic=False)
     hvd.init()
     compression = tuning.compression(hvd)
     return lambda gradients: hvd.grouped_allreduce(gradients, op=hvd.Average, compression=compression)
