@@ -81,8 +81,12 @@ down() {
     ip netns delete "$ns" 2>/dev/null || true  # deletes the namespace end of each veth, hence the pair
   done
   rm -rf /etc/netns/"$NAME"-launch /etc/netns/"$NAME"-b[0-9]*
+  # The kernel frees a deleted namespace (and the veth ends inside it) later, in a work queue, so the host ends
+  # may outlive `down` by a moment: delete them here (either end takes its pair along).
   local link
-  for link in "$BRIDGE" "${NAME}np0"; do ip link show "$link" >/dev/null 2>&1 && ip link delete "$link"; done
+  for link in $(ip -o link show | sed -n "s/^[0-9]*: \($NAME\(br\|np0\|vl\|v[0-9]*\)\)[@:].*/\1/p"); do
+    ip link delete "$link" 2>/dev/null || true
+  done
   rm -rf "$STATE"
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -20,8 +21,9 @@ def test_demo_runs_every_stage_and_beats_chance(tmp_path):
     test = manifest["splits"]["test"]
     majority = max(test["classes"].values()) / test["records"]
     assert report["float32"]["accuracy"] >= majority + 0.25, (report, majority)
-    # predict ran on one held-out image per class through the exported model
-    assert result.stderr.count("predicted") == len(manifest["labels"])
+    # predict ran on one held-out image per class through the exported model (an answer, or a reason for none)
+    answered = re.findall(r": true (\S+), (?:predicted|no class)", result.stderr)
+    assert sorted(answered) == sorted(manifest["labels"]), result.stderr[-3000:]
 
 
 def test_manifest_describes_the_shards(synthetic_data):
