@@ -308,17 +308,17 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
                        run_dir=run_dir, header=header, images_per_epoch=steps_per_epoch * cfg.batch_size,
                        checkpoint=checkpoint, card=card, say=say),
         ]
-        training = state.training
-        if training.epoch < cfg.epochs and not training.stopped_early(cfg.early_stopping_patience):
+        start = state.training  # as last committed: resumed, or rolled back after a lost worker
+        if start.epoch < cfg.epochs and not start.stopped_early(cfg.early_stopping_patience):
             say(f"training {cfg.model} on {train_records} images, {world.size} rank(s), {steps_per_epoch} steps/epoch, "
-                f"lr {scaled_lr:g}, from epoch {training.epoch + 1} of {cfg.epochs}")
+                f"lr {scaled_lr:g}, from epoch {start.epoch + 1} of {cfg.epochs}")
             model.fit(
-                train_ds, epochs=cfg.epochs, initial_epoch=training.epoch, steps_per_epoch=steps_per_epoch,
+                train_ds, epochs=cfg.epochs, initial_epoch=start.epoch, steps_per_epoch=steps_per_epoch,
                 class_weight=weights, callbacks=callbacks, verbose=1 if world.is_root and os.isatty(1) else 0,
             )
-        training = state.training
+        end = state.training
         # Proof that data parallelism kept the replicas identical: every rank's weight digest.
-        return {**header, "epochs": training.history, "best": training.best, "collapsed_epochs": training.collapsed_epochs(),
+        return {**header, "epochs": end.history, "best": end.best, "collapsed_epochs": end.collapsed_epochs(),
                 "optimizer_steps": int(optimizer.iterations.numpy()), "weights_sha256_per_rank": world.allgather_object(weights_digest(model))}
 
     log = world.run(attempt, state)
