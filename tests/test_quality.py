@@ -128,7 +128,8 @@ def test_a_constant_predictor_is_reported_per_epoch_and_listed(tmp_path):
     import tensorflow as tf
 
     from covidxray.train.distributed import StaticState, World
-    from covidxray.train.trainer import EpochLog, Validation, collapsed_epochs
+    from covidxray.train.state import TrainingState
+    from covidxray.train.trainer import EndOfEpoch
 
     inputs = tf.keras.Input((8, 8, 1))
     outputs = tf.keras.layers.Dense(3, activation="softmax", kernel_initializer="zeros", bias_initializer=tf.keras.initializers.Constant([0.0, 2.0, 0.0]))(tf.keras.layers.Flatten()(inputs))
@@ -138,14 +139,15 @@ def test_a_constant_predictor_is_reported_per_epoch_and_listed(tmp_path):
     labels = rng.integers(0, 3, 40)
     val = tf.data.Dataset.from_tensor_slices((rng.uniform(0, 255, (40, 8, 8, 1)).astype(np.float32), np.eye(3)[labels])).batch(16)
     world, said = World(), []
-    state = StaticState(world, model, model.optimizer, history=[])
-    callbacks = [Validation(world, val), EpochLog(world, state, 16, {"steps_per_epoch": 1}, tmp_path, said.append)]
+    state = StaticState(world, model, model.optimizer, TrainingState())
+    end_of_epoch = EndOfEpoch(world, state, val_ds=val, recalibration=None, patience=0, run_dir=tmp_path,
+                              header={"steps_per_epoch": 1}, images_per_epoch=16, checkpoint=tf.train.Checkpoint(model=model),
+                              card={}, say=said.append)
     logs = {"loss": 1.0}
-    for callback in callbacks:
-        callback.set_model(model)
-        callback.on_epoch_begin(0)
-        callback.on_epoch_end(0, logs)
+    end_of_epoch.set_model(model)
+    end_of_epoch.on_epoch_begin(0)
+    end_of_epoch.on_epoch_end(0, logs)
     assert logs["val_predicted_classes"] == 1 and logs["val_accuracy"] == pytest.approx(np.mean(labels == 1))
     assert any("every validation image is predicted as the same class" in message for message in said)
-    assert collapsed_epochs(state.history) == [1]
+    assert state.training.collapsed_epochs() == [1]
     assert json.loads((tmp_path / "train_log.json").read_text())["epochs"][0]["val_predicted_classes"] == 1

@@ -64,21 +64,90 @@ def test_class_weights_balance_the_classes():
     assert sqrt[1] / sqrt[0] == pytest.approx(2.0) and 400 * sqrt[0] + 100 * sqrt[1] == pytest.approx(500)
 
 
-def test_best_tracker_keeps_best_val_auc_and_stops_after_patience():
+def test_training_state_keeps_best_val_auc_and_stops_after_patience():
+    from dataclasses import replace
+
+    from covidxray.train.state import TrainingState
+    from covidxray.train.trainer import clean_metrics
+
+    state = TrainingState()
+    for epoch, auc in enumerate([0.6, 0.7, 0.65, float("nan")], start=1):
+        state = replace(state, epoch=epoch).judged(clean_metrics({"val_auc": auc, "loss": 1.0}))
+    assert state.best["epoch"] == 2 and state.best["val_auc"] == 0.7
+    assert state.epochs_since_best == 2 and state.stopped_early(patience=2)  # a NaN AUC is no improvement
+    assert not state.stopped_early(patience=3) and not state.stopped_early(patience=0)  # 0: never stop early
+
+
+def _two_feature_validation_set():
+    """Feature 0 is the label itself, feature 1 noise: a kernel reading feature 0 scores val AUC 1, its negation 0."""
+    import numpy as np
     import tensorflow as tf
 
-    from covidxray.train.distributed import StaticState, World
-    from covidxray.train.trainer import BestTracker
+    rng = np.random.default_rng(3)
+    labels = np.arange(40) % 2
+    features = np.stack([labels, rng.uniform(-1, 1, 40)], axis=1).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((features, np.eye(2, dtype=np.float32)[labels])).batch(16)
 
-    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(1,))])
-    state = StaticState(World(), model, None, best={}, epochs_since_best=0)
-    tracker = BestTracker(state, patience=2)
-    tracker.set_model(model)
-    for epoch, auc in enumerate([0.6, 0.7, 0.65, float("nan")]):
+
+def _two_feature_model():
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, activation="softmax", input_shape=(2,))])
+    model.compile(optimizer=tf.keras.optimizers.Adam(), loss="categorical_crossentropy")
+    model.optimizer.build(model.trainable_variables)
+    return model, tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+
+
+def test_each_epoch_end_checkpoints_the_best_and_early_stopping_state_it_decided(tmp_path):
+    """Epoch by epoch, the files on disk carry the decision of that very epoch, in log -> decide -> checkpoint order.
+
+    The val AUC of each epoch is set by hand (noise, 1, 0, 0), so the best epoch and the early-stopping
+    count are known in advance: best is epoch 2 from then on, and patience 2 stops training after epoch 4.
+    """
+    import numpy as np
+
+    from covidxray.train.distributed import StaticState, World
+    from covidxray.train.state import TrainingState
+    from covidxray.train.trainer import EndOfEpoch, _restore
+
+    model, checkpoint = _two_feature_model()
+    world, said = World(), []
+    state = StaticState(world, model, model.optimizer, TrainingState())
+    end_of_epoch = EndOfEpoch(world, state, val_ds=_two_feature_validation_set(), recalibration=None, patience=2,
+                              run_dir=tmp_path, header={"steps_per_epoch": 1}, images_per_epoch=16,
+                              checkpoint=checkpoint, card={"model": "two-feature"}, say=said.append)
+    end_of_epoch.set_model(model)
+    reads_noise, reads_label, reads_negated_label = [[0, 0], [0, 1]], [[0, 1], [0, 0]], [[1, 0], [0, 0]]
+    kernels = [reads_noise, reads_label, reads_negated_label, reads_negated_label]
+    expected = [(1, 0, False), (2, 0, False), (2, 1, False), (2, 2, True)]  # (best epoch, epochs since best, stop)
+    for epoch, (kernel, (best_epoch, since_best, stop)) in enumerate(zip(kernels, expected)):
+        model.layers[0].set_weights([np.array(kernel, np.float32), np.zeros(2, np.float32)])
+        committed = state.training
         model.stop_training = False
-        tracker.on_epoch_end(epoch, {"val_auc": auc, "loss": 1.0})
-    assert state.best["epoch"] == 2 and state.best["val_auc"] == 0.7
-    assert state.epochs_since_best == 2 and model.stop_training  # a NaN AUC is no improvement
+        end_of_epoch.on_epoch_begin(epoch)
+        end_of_epoch.on_epoch_end(epoch, {"loss": 1.0})
+
+        latest = json.loads((tmp_path / "checkpoints" / "latest.json").read_text())
+        assert (latest["epoch"], latest["best"]["epoch"], latest["epochs_since_best"]) == (epoch + 1, best_epoch, since_best)
+        assert model.stop_training == stop
+        logged = json.loads((tmp_path / "train_log.json").read_text())["epochs"]
+        assert [e["epoch"] for e in logged] == list(range(1, epoch + 2))  # logged before the checkpoint
+        assert latest["best"]["val_auc"] == logged[best_epoch - 1]["val_auc"]
+        card = json.loads((tmp_path / "model.json").read_text())
+        assert card["best"] == latest["best"] and card["model"] == "two-feature"
+        # The committed state is what the files say, and the one committed before was not changed in place
+        # (Horovod's elastic state rolls back to that very object).
+        assert state.training == _restore(tmp_path, _two_feature_model()[1])
+        assert len(committed.history) == epoch and committed.epoch == epoch
+
+    assert logged[0]["val_auc"] not in (0.0, 1.0) and [e["val_auc"] for e in logged[1:]] == [1.0, 0.0, 0.0]
+    import tensorflow as tf
+
+    best_model = tf.keras.models.load_model(tmp_path / "model.keras")
+    np.testing.assert_array_equal(best_model.layers[0].get_weights()[0], reads_label)  # saved at epoch 2, not after
+    restored_model, restored_checkpoint = _two_feature_model()
+    _restore(tmp_path, restored_checkpoint)
+    np.testing.assert_array_equal(restored_model.layers[0].get_weights()[0], reads_negated_label)  # epoch 4's weights
 
 
 def test_elastic_flag_must_match_the_launch(monkeypatch):

@@ -79,14 +79,3 @@ def batches_per_rank(images: int, batch_size: int, world_size: int) -> int:
     """Each rank's share of the `images` used to re-estimate the statistics (at least one batch)."""
     return max(1, math.ceil(images / (batch_size * world_size)))
 
-
-class RecomputeBatchNorm(tf.keras.callbacks.Callback):
-    """At each epoch end, before validation and checkpointing, re-estimate the BN statistics."""
-
-    def __init__(self, world: World, dataset: tf.data.Dataset, batches: int):
-        super().__init__()
-        self.world, self.dataset, self.batches = world, dataset, batches
-
-    def on_epoch_end(self, epoch, logs=None):
-        recompute_statistics(self.model, self.dataset.take(self.batches), self.world)
-

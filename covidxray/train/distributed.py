@@ -6,11 +6,12 @@ a custom loop with `hvd.DistributedGradientTape` once Keras 3 is required)
 touches only this file. Without a Horovod launcher in the environment the
 world is a single process and Horovod is never imported.
 
-Training state (model, optimizer, epoch counters, history) lives in a state
-object that `World.run` synchronises from rank 0 before training starts. In
-elastic mode that object is Horovod's `KerasState`: when a worker is lost,
-the survivors roll back to the last commit (an epoch boundary), re-form the
-ring and call the training function again with the new rank and size.
+Training state (model, optimizer, and a `TrainingState` as `.training`)
+lives in a state object that `World.run` synchronises from rank 0 before
+training starts. In elastic mode that object is Horovod's `KerasState`: when
+a worker is lost, the survivors roll back to the last commit (an epoch
+boundary), re-form the ring and call the training function again with the new
+rank and size.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from covidxray.errors import UserError
+from covidxray.train.state import TrainingState
 
 _LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
@@ -93,39 +95,18 @@ class StaticState:
     """Training state of a fixed-size job: rank 0's values are broadcast once, before training.
 
     Mirrors the part of Horovod's elastic `KerasState` interface that training
-    uses (attributes, `sync`, `commit`), so the trainer has a single code path.
+    uses (`training`, `sync`, `commit`), so the trainer has a single code path.
     """
 
-    def __init__(self, world: "World", model: tf.keras.Model, optimizer, **values: Any):
-        self._world, self._model, self._optimizer, self._names = world, model, optimizer, list(values)
-        self.__dict__.update(values)
+    def __init__(self, world: "World", model: tf.keras.Model, optimizer, training: TrainingState):
+        self._world, self._model, self._optimizer, self.training = world, model, optimizer, training
 
     def sync(self) -> None:
         self._world.broadcast_variables(list(self._model.variables) + list(self._optimizer.variables))
-        values = self._world.broadcast_object({name: getattr(self, name) for name in self._names})
-        self.__dict__.update(values)
+        self.training = self._world.broadcast_object(self.training)
 
     def commit(self) -> None:
         """Nothing to keep in memory: a fixed-size job does not roll back."""
-
-
-class CommitEpoch(tf.keras.callbacks.Callback):
-    """Last callback of every epoch: record the finished epoch and commit the state.
-
-    Horovod's `UpdateEpochStateCallback` counts epochs from 0 in each `fit`;
-    training here passes `initial_epoch`, so Keras epochs are absolute already
-    and the count is simply `epoch + 1`. Committing only at epoch ends means a
-    lost worker costs at most the epoch in progress, which is then redone
-    with the surviving ranks, and keeps the per-batch loop free of copies.
-    """
-
-    def __init__(self, state):
-        super().__init__()
-        self.state = state
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.state.epoch = epoch + 1
-        self.state.commit()
 
 
 @dataclass
@@ -162,23 +143,34 @@ class World:
             return optimizer
         return self.hvd.DistributedOptimizer(optimizer, compression=self.tuning.compression(self.hvd))
 
-    def callbacks(self) -> list:
-        """Average metrics before any metric-driven callback.
+    def metric_averager(self) -> Callable[[int, dict], None]:
+        """`average(epoch, logs)`: every metric in an epoch's logs replaced by its mean over the ranks.
 
-        The LR (scaled by size, warmed up, decayed) is set by
-        covidxray.train.schedule for one process and many alike. No broadcast
-        callback: `World.run` broadcasts (or elastically syncs) rank 0's state
-        before the first step, so every rank starts from the same, possibly
-        resumed, weights and optimizer slots.
+        Horovod's MetricAverageCallback, called by the trainer as one step of
+        its end of epoch. It is the only Horovod callback training uses: the LR
+        (scaled by size, warmed up, decayed) is set by
+        covidxray.train.schedule for one process and many alike, and there is no
+        broadcast callback: `World.run` broadcasts (or elastically syncs) rank
+        0's state before the first step, so every rank starts from the same,
+        possibly resumed, weights and optimizer slots.
         """
         if self.hvd is None:
-            return []
-        return [self.hvd.callbacks.MetricAverageCallback()]
+            return lambda epoch, logs: None
+        return self.hvd.callbacks.MetricAverageCallback().on_epoch_end
 
-    def make_state(self, model: tf.keras.Model, optimizer, **values: Any):
+    def make_state(self, model: tf.keras.Model, optimizer, training: TrainingState):
+        """The object `run` syncs and rolls back: model and optimizer variables, and `training`.
+
+        Commit it at epoch ends only (the trainer does, as its last end-of-epoch
+        step): a lost worker then costs at most the epoch in progress, which the
+        survivors redo, and the per-batch loop stays free of copies. Horovod's
+        `UpdateEpochStateCallback` is not used: it counts epochs from 0 in each
+        `fit`, while the trainer passes `initial_epoch`, so its epochs are
+        absolute already.
+        """
         if self.elastic:
-            return self.hvd.elastic.KerasState(model, optimizer, **values)
-        return StaticState(self, model, optimizer, **values)
+            return self.hvd.elastic.KerasState(model, optimizer, training=training)
+        return StaticState(self, model, optimizer, training)
 
     def run(self, train_fn: Callable[[Any], Any], state) -> Any:
         """Call `train_fn(state)` once everyone holds rank 0's state; elastic: again after each membership change."""

@@ -6,8 +6,11 @@ names a complete checkpoint folder, so a run killed at any instant resumes
 from the last finished epoch with its optimizer state (`--resume`).
 
 What rank 0 would need to carry on (epoch, history, best score, early-stopping
-count) is replicated state on every rank, so that in an elastic job any
-survivor can take over as rank 0 with the full history.
+count) is a `TrainingState` replicated on every rank, so that in an elastic job
+any survivor can take over as rank 0 with the full history. `EndOfEpoch` is
+the one place that changes it, in one visible order: validate, average the
+metrics over the ranks, log, decide best and early stopping, checkpoint,
+commit.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import secrets
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,13 +33,14 @@ from covidxray.config import Config
 from covidxray.data.prepare import load_manifest, manifest_sha256, shard_paths
 from covidxray.data.preprocess import PREPROCESSING
 from covidxray.errors import UserError
-from covidxray.train.batchnorm import RecomputeBatchNorm, batches_per_rank
-from covidxray.train.distributed import CommitEpoch, HorovodTuning, World, check_launch_mode, init_world
+from covidxray.train.batchnorm import batches_per_rank, recompute_statistics
+from covidxray.train.distributed import HorovodTuning, World, check_launch_mode, init_world
 from covidxray.train.input import make_dataset
 from covidxray.train.metrics import cross_entropy, macro_auc
 from covidxray.train.models import build_model
 from covidxray.train.schedule import LearningRateSchedule
 from covidxray.train.run_guard import check_before_training
+from covidxray.train.state import MONITOR, PREDICTED_CLASSES, TrainingState
 
 MODEL_FILE = "model.keras"
 MODEL_CARD = "model.json"
@@ -44,8 +49,6 @@ CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
 PARTIAL = ".partial"
 KEEP_CHECKPOINTS = 2
-MONITOR = "val_auc"  # macro one-vs-rest ROC AUC on the validation split
-PREDICTED_CLASSES = "val_predicted_classes"  # distinct argmax classes on val; 1 = a constant predictor
 
 
 def write_json(path: Path, payload: Any) -> None:
@@ -72,43 +75,48 @@ def clean_metrics(logs: dict) -> dict:
     return {k: (None if math.isnan(v) else v) for k, v in values.items()}
 
 
-class Validation(tf.keras.callbacks.Callback):
+def validation_metrics(world: World, model: tf.keras.Model, dataset: tf.data.Dataset) -> dict:
     """Validation metrics from every rank's slice of the val split, gathered into one exact set.
 
     Each rank predicts only its share, so validation costs 1/size of the
     split per rank; the gathered predictions give the true AUC of the whole
     split (an average of per-rank AUCs would not be), identical on all ranks.
     """
+    probabilities, labels = [], []
+    for images, one_hot in dataset:
+        probabilities.append(model.predict_on_batch(images))
+        labels.append(np.argmax(one_hot, axis=1))
+    mine = (np.concatenate(probabilities) if probabilities else np.zeros((0, model.output_shape[-1]), np.float32),
+            np.concatenate(labels) if labels else np.zeros(0, np.int64))
+    gathered = world.allgather_object(mine)
+    probs = np.concatenate([p for p, _ in gathered])
+    truth = np.concatenate([t for _, t in gathered])
+    auc = macro_auc(truth, probs)
+    return {
+        "val_loss": cross_entropy(truth, probs),
+        "val_accuracy": float((probs.argmax(1) == truth).mean()),
+        MONITOR: float("nan") if auc is None else auc,
+        PREDICTED_CLASSES: len(np.unique(probs.argmax(1))),
+    }
 
-    def __init__(self, world: World, dataset: tf.data.Dataset):
+
+class EndOfEpoch(tf.keras.callbacks.Callback):
+    """Everything between two epochs, in one fixed order, on every rank; the one callback that reads or changes the state.
+
+    `state` is the object of World.make_state; `state.training` is the
+    TrainingState committed after the last finished epoch. `recalibration`:
+    (training data, batches per rank) to re-estimate the BN statistics from,
+    or None.
+    """
+
+    def __init__(self, world: World, state, *, val_ds: tf.data.Dataset, recalibration: tuple[tf.data.Dataset, int] | None,
+                 patience: int, run_dir: Path, header: dict, images_per_epoch: int, checkpoint: tf.train.Checkpoint,
+                 card: dict, say: Callable[[str], None]):
         super().__init__()
-        self.world, self.dataset = world, dataset
-
-    def on_epoch_end(self, epoch, logs=None):
-        probabilities, labels = [], []
-        for images, one_hot in self.dataset:
-            probabilities.append(self.model.predict_on_batch(images))
-            labels.append(np.argmax(one_hot, axis=1))
-        mine = (np.concatenate(probabilities) if probabilities else np.zeros((0, self.model.output_shape[-1]), np.float32),
-                np.concatenate(labels) if labels else np.zeros(0, np.int64))
-        gathered = self.world.allgather_object(mine)
-        probs = np.concatenate([p for p, _ in gathered])
-        truth = np.concatenate([t for _, t in gathered])
-        auc = macro_auc(truth, probs)
-        logs.update({
-            "val_loss": cross_entropy(truth, probs),
-            "val_accuracy": float((probs.argmax(1) == truth).mean()),
-            MONITOR: float("nan") if auc is None else auc,
-            PREDICTED_CLASSES: len(np.unique(probs.argmax(1))),
-        })
-
-
-class EpochLog(tf.keras.callbacks.Callback):
-    """Per-epoch metrics plus every rank's training throughput, so a slow board shows up."""
-
-    def __init__(self, world: World, state, images_per_epoch: int, header: dict, run_dir: Path, say: Callable[[str], None]):
-        super().__init__()
-        self.world, self.state, self.images, self.header, self.run_dir, self.say = world, state, images_per_epoch, header, run_dir, say
+        self.world, self.state, self.val_ds, self.recalibration, self.patience = world, state, val_ds, recalibration, patience
+        self.run_dir, self.header, self.images_per_epoch = run_dir, header, images_per_epoch
+        self.checkpoint, self.card, self.say = checkpoint, card, say
+        self.average_over_ranks = world.metric_averager()
         self.started = self.last_batch_end = 0.0
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -118,42 +126,77 @@ class EpochLog(tf.keras.callbacks.Callback):
         self.last_batch_end = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        seconds = max(self.last_batch_end - self.started, 1e-6)
-        rates = self.world.allgather_object(round(self.images / seconds, 1))
-        lr = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
-        entry = {"epoch": epoch + 1, "seconds": round(seconds, 2), "lr": lr, "world_size": self.world.size,
-                 "steps": self.header["steps_per_epoch"], "images_per_s_per_rank": rates, **clean_metrics(logs)}
-        self.state.history = self.state.history + [entry]  # replaced, not mutated: an elastic rollback restores the old list
-        if not self.world.is_root:
-            return
-        write_json(self.run_dir / TRAIN_LOG, {**self.header, "epochs": self.state.history})
-        slowest = int(np.argmin(rates))
-        if entry.get(PREDICTED_CLASSES) == 1:
-            self.say(collapse_warning(epoch + 1))
-        self.say(
-            f"epoch {epoch + 1}: loss {entry.get('loss') or 0:.4f} val_auc {entry.get(MONITOR) or 0:.4f} "
-            f"val_accuracy {entry.get('val_accuracy') or 0:.4f} | {sum(rates):.0f} img/s total, "
-            f"slowest rank {slowest} at {rates[slowest]:.0f} img/s"
-        )
-
-
-class BestTracker(tf.keras.callbacks.Callback):
-    """Best val AUC so far and early stopping; the same decision on every rank because val metrics are gathered."""
-
-    def __init__(self, state, patience: int):
-        super().__init__()
-        self.state, self.patience = state, patience
-
-    def on_epoch_end(self, epoch, logs=None):
-        score = float(logs.get(MONITOR, float("nan")))
-        best = self.state.best.get(MONITOR)
-        if score > (-math.inf if best is None else best):  # NaN (undefined AUC) is never an improvement
-            self.state.best = {"epoch": epoch + 1, **clean_metrics(logs)}
-            self.state.epochs_since_best = 0
-        else:
-            self.state.epochs_since_best += 1
-        if stopped_early(self.state, self.patience):
+        training = replace(self.state.training, epoch=epoch + 1)  # Keras counts from 0, the log and checkpoints from 1
+        if self.recalibration:  # val and the saved model use statistics that fit the weights
+            self.recalibrate_batchnorm(*self.recalibration)
+        logs.update(validation_metrics(self.world, self.model, self.val_ds))
+        self.average_over_ranks(epoch, logs)  # before any step reads a metric
+        metrics = clean_metrics(logs)
+        training = self.log_epoch(training, metrics)
+        training = training.judged(metrics)
+        if training.stopped_early(self.patience):
             self.model.stop_training = True
+        if self.world.is_root:  # the checkpoint carries this epoch's best and early-stopping count
+            self.save_checkpoint(training)
+        self.commit(training)  # last: an elastic rollback returns to a finished epoch, never half of one
+
+    def recalibrate_batchnorm(self, dataset: tf.data.Dataset, batches: int) -> None:
+        recompute_statistics(self.model, dataset.take(batches), self.world)
+
+    def log_epoch(self, training: TrainingState, metrics: dict) -> TrainingState:
+        """The epoch's history entry with every rank's training throughput, so a slow board shows up; rank 0 writes and says it."""
+        seconds = max(self.last_batch_end - self.started, 1e-6)
+        rates = self.world.allgather_object(round(self.images_per_epoch / seconds, 1))
+        lr = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
+        entry = {"epoch": training.epoch, "seconds": round(seconds, 2), "lr": lr, "world_size": self.world.size,
+                 "steps": self.header["steps_per_epoch"], "images_per_s_per_rank": rates, **metrics}
+        training = training.logged(entry)
+        if self.world.is_root:
+            write_json(self.run_dir / TRAIN_LOG, {**self.header, "epochs": training.history})
+            slowest = int(np.argmin(rates))
+            if entry.get(PREDICTED_CLASSES) == 1:
+                self.say(collapse_warning(training.epoch))
+            self.say(
+                f"epoch {training.epoch}: loss {entry.get('loss') or 0:.4f} val_auc {entry.get(MONITOR) or 0:.4f} "
+                f"val_accuracy {entry.get('val_accuracy') or 0:.4f} | {sum(rates):.0f} img/s total, "
+                f"slowest rank {slowest} at {rates[slowest]:.0f} img/s"
+            )
+        return training
+
+    def save_checkpoint(self, training: TrainingState) -> None:
+        """Rank 0: resumable checkpoint (model + optimizer), the best model if this epoch is it, then latest.json.
+
+        Folder names are unique, so the folder latest.json names is never
+        rewritten in place (an elastic job may redo an epoch it had saved).
+        """
+        root = self.run_dir / CHECKPOINTS
+        root.mkdir(parents=True, exist_ok=True)
+        name = f"epoch-{training.epoch:04d}-{secrets.token_hex(4)}"
+        tmp = root / f".{name}{PARTIAL}"
+        self.checkpoint.write(str(tmp / "ckpt"))
+        os.replace(tmp, root / name)
+        if training.best.get("epoch") == training.epoch:
+            self.save_best_model(training.best)
+        write_json(root / LATEST, {
+            "epoch": training.epoch, "path": name, "best": training.best, "epochs_since_best": training.epochs_since_best,
+            "optimizer_steps": int(self.model.optimizer.iterations.numpy()),
+        })
+        older = [p for p in sorted(root.glob("epoch-*")) if p.name != name]
+        for old in older[: max(0, len(older) - (KEEP_CHECKPOINTS - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def save_best_model(self, best: dict) -> None:
+        model_tmp = self.run_dir / (PARTIAL + "." + MODEL_FILE)
+        inference_copy = tf.keras.models.clone_model(self.model)  # uncompiled: no (Horovod) optimizer inside
+        inference_copy.set_weights(self.model.get_weights())
+        inference_copy.save(str(model_tmp))
+        os.replace(model_tmp, self.run_dir / MODEL_FILE)
+        write_json(self.run_dir / MODEL_CARD, {**self.card, "best": best})
+
+    def commit(self, training: TrainingState) -> None:
+        """Hand the finished epoch's state to every rank's state object; elastic: Horovod keeps it to roll back to."""
+        self.state.training = training
+        self.state.commit()
 
 
 def collapse_warning(epoch: int) -> str:
@@ -161,56 +204,11 @@ def collapse_warning(epoch: int) -> str:
             "constant predictor so far (see docs/training.md, 'A constant predictor')")
 
 
-def collapsed_epochs(history: list[dict]) -> list[int]:
-    return [entry["epoch"] for entry in history if entry.get(PREDICTED_CLASSES) == 1]
-
-
-def stopped_early(state, patience: int) -> bool:
-    return patience > 0 and state.epochs_since_best >= patience
-
-
-class Checkpointer(tf.keras.callbacks.Callback):
-    """Rank 0: per-epoch resumable checkpoint (model + optimizer) and the best model by val AUC.
-
-    Folder names are unique, so the folder latest.json names is never
-    rewritten in place (an elastic job may redo an epoch it had saved).
-    """
-
-    def __init__(self, run_dir: Path, checkpoint: tf.train.Checkpoint, state, card: dict):
-        super().__init__()
-        self.run_dir, self.checkpoint, self.state, self.card = run_dir, checkpoint, state, card
-
-    def on_epoch_end(self, epoch, logs=None):
-        root = self.run_dir / CHECKPOINTS
-        root.mkdir(parents=True, exist_ok=True)
-        name = f"epoch-{epoch + 1:04d}-{secrets.token_hex(4)}"
-        tmp = root / f".{name}{PARTIAL}"
-        self.checkpoint.write(str(tmp / "ckpt"))
-        os.replace(tmp, root / name)
-        if self.state.best.get("epoch") == epoch + 1:
-            self._save_best_model()
-        write_json(root / LATEST, {
-            "epoch": epoch + 1, "path": name, "best": self.state.best, "epochs_since_best": self.state.epochs_since_best,
-            "optimizer_steps": int(self.model.optimizer.iterations.numpy()),
-        })
-        older = [p for p in sorted(root.glob("epoch-*")) if p.name != name]
-        for old in older[: max(0, len(older) - (KEEP_CHECKPOINTS - 1))]:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def _save_best_model(self) -> None:
-        model_tmp = self.run_dir / (PARTIAL + "." + MODEL_FILE)
-        inference_copy = tf.keras.models.clone_model(self.model)  # uncompiled: no (Horovod) optimizer inside
-        inference_copy.set_weights(self.model.get_weights())
-        inference_copy.save(str(model_tmp))
-        os.replace(model_tmp, self.run_dir / MODEL_FILE)
-        write_json(self.run_dir / MODEL_CARD, {**self.card, "best": self.state.best})
-
-
-def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> dict:
-    """State values of the last complete checkpoint (model and optimizer are restored in place); {} if none."""
+def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> TrainingState | None:
+    """Training state of the last complete checkpoint (model and optimizer are restored in place); None if none."""
     latest = run_dir / CHECKPOINTS / LATEST
     if not latest.is_file():
-        return {}
+        return None
     try:
         saved = json.loads(latest.read_text())
     except ValueError as err:
@@ -228,12 +226,12 @@ def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> dict:
         history = json.loads(log_path.read_text()).get("epochs", []) if log_path.is_file() else []
     except (ValueError, AttributeError):  # a damaged log only loses the per-epoch history of a run whose weights are intact
         history = []
-    return {
-        "epoch": int(saved["epoch"]),
-        "history": [e for e in history if e["epoch"] <= saved["epoch"]],
-        "best": saved.get("best", {}),
-        "epochs_since_best": int(saved.get("epochs_since_best", 0)),
-    }
+    return TrainingState(
+        epoch=int(saved["epoch"]),
+        history=[e for e in history if e["epoch"] <= saved["epoch"]],
+        best=saved.get("best", {}),
+        epochs_since_best=int(saved.get("epochs_since_best", 0)),
+    )
 
 
 def _prepare_run_dir(run_dir: Path, resume: bool, say: Callable[[str], None]) -> None:
@@ -274,14 +272,14 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
     optimizer.build(model.trainable_variables)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
 
-    values = {"epoch": 0, "history": [], "best": {}, "epochs_since_best": 0}
+    training = TrainingState()  # rank 0's, possibly resumed, reaches every rank when World.run syncs the state
     if world.is_root:
         _prepare_run_dir(run_dir, resume, say)
         if resume:
             restored = _restore(run_dir, checkpoint)
-            say(f"resuming after epoch {restored['epoch']}" if restored else "no checkpoint found: starting from epoch 0")
-            values.update(restored)
-    state = world.make_state(model, optimizer, **values)
+            say(f"resuming after epoch {restored.epoch}" if restored else "no checkpoint found: starting from epoch 0")
+            training = restored or training
+    state = world.make_state(model, optimizer, training)
     card = {
         "labels": labels, "image_size": image_size, "task": manifest["task"], "model": cfg.model,
         "preprocessing": PREPROCESSING, "manifest_sha256": manifest_sha256(data_dir),
@@ -297,30 +295,30 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
         scaled_lr = cfg.learning_rate * world.size  # the peak; LearningRateSchedule sets every step's LR
         ranks = world.allgather_object({"rank": world.rank, "host": world.hostname, "shards": [Path(f).name for f in my_shards.files], "record_level_sharding": my_shards.record_level})
         header = {"world_size": world.size, "elastic": world.elastic, "steps_per_epoch": steps_per_epoch, "ranks": ranks, "horovod": world.tuning.record()}
-        callbacks = [LearningRateSchedule(scaled_lr, cfg.warmup_epochs, cfg.epochs, steps_per_epoch, cfg.lr_schedule)]
-        if cfg.bn_recalibration_images:  # before Validation: val and the saved model use the re-estimated statistics
+        recalibration = None
+        if cfg.bn_recalibration_images:
             calibration_ds, _ = make_dataset(shard_paths(data_dir, "train"), training=True, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed + 1, **data_args)
-            callbacks.append(RecomputeBatchNorm(world, calibration_ds, batches_per_rank(cfg.bn_recalibration_images, cfg.batch_size, world.size)))
-        callbacks += [
-            Validation(world, val_ds),
-            *world.callbacks(),
-            EpochLog(world, state, steps_per_epoch * cfg.batch_size, header, run_dir, say),
-            BestTracker(state, cfg.early_stopping_patience),
-        ]
+            recalibration = calibration_ds, batches_per_rank(cfg.bn_recalibration_images, cfg.batch_size, world.size)
         if world.is_root:  # possibly a new rank 0 on another board, whose run dir is still empty
             run_dir.mkdir(parents=True, exist_ok=True)
             config.save(run_dir / "config.yaml")
-            callbacks.append(Checkpointer(run_dir, checkpoint, state, card))
-        callbacks.append(CommitEpoch(state))
-        if state.epoch < cfg.epochs and not stopped_early(state, cfg.early_stopping_patience):
+        callbacks = [
+            LearningRateSchedule(scaled_lr, cfg.warmup_epochs, cfg.epochs, steps_per_epoch, cfg.lr_schedule),
+            EndOfEpoch(world, state, val_ds=val_ds, recalibration=recalibration, patience=cfg.early_stopping_patience,
+                       run_dir=run_dir, header=header, images_per_epoch=steps_per_epoch * cfg.batch_size,
+                       checkpoint=checkpoint, card=card, say=say),
+        ]
+        start = state.training  # as last committed: resumed, or rolled back after a lost worker
+        if start.epoch < cfg.epochs and not start.stopped_early(cfg.early_stopping_patience):
             say(f"training {cfg.model} on {train_records} images, {world.size} rank(s), {steps_per_epoch} steps/epoch, "
-                f"lr {scaled_lr:g}, from epoch {state.epoch + 1} of {cfg.epochs}")
+                f"lr {scaled_lr:g}, from epoch {start.epoch + 1} of {cfg.epochs}")
             model.fit(
-                train_ds, epochs=cfg.epochs, initial_epoch=state.epoch, steps_per_epoch=steps_per_epoch,
+                train_ds, epochs=cfg.epochs, initial_epoch=start.epoch, steps_per_epoch=steps_per_epoch,
                 class_weight=weights, callbacks=callbacks, verbose=1 if world.is_root and os.isatty(1) else 0,
             )
+        end = state.training
         # Proof that data parallelism kept the replicas identical: every rank's weight digest.
-        return {**header, "epochs": state.history, "best": state.best, "collapsed_epochs": collapsed_epochs(state.history),
+        return {**header, "epochs": end.history, "best": end.best, "collapsed_epochs": end.collapsed_epochs(),
                 "optimizer_steps": int(optimizer.iterations.numpy()), "weights_sha256_per_rank": world.allgather_object(weights_digest(model))}
 
     log = world.run(attempt, state)
