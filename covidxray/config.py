@@ -15,9 +15,10 @@ from typing import Any
 
 import yaml
 
-from covidxray.data.labels import HARMONISED_LABELS
+from covidxray.records import HARMONISED_LABELS
 from covidxray.data.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
+from covidxray.files import atomic_write
 
 
 class ConfigError(UserError):
@@ -138,9 +139,7 @@ class Config:
     def save(self, path: Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-        tmp.replace(path)
+        atomic_write(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
 def _coerce(value: Any, annotation: Any, where: str) -> Any:

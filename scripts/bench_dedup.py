@@ -132,7 +132,7 @@ def signatures(images: list) -> tuple[dict, dict]:
 
 def match_records(keys_and_patients: list[tuple[str, str]], hashes, features, config) -> list[tuple[str, str, str, str]]:
     from covidxray.data import dedup
-    from covidxray.sources.base import Record
+    from covidxray.records import Record
 
     records = [Record(image=Path(key), label="x", patient_id=patient, source="bench") for key, patient in keys_and_patients]
     edges = dedup.matches(records, hashes, features, config.dedup_max_distance, config.dedup_min_inliers)

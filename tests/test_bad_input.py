@@ -24,7 +24,7 @@ import pytest
 from covidxray.config import load_config
 from covidxray.data import image_cache, preprocess, tfrecord
 from covidxray.data.image_header import declared_size
-from covidxray.data.manifest import load_manifest, shard_problems
+from covidxray.manifest import load_manifest, shard_problems
 from covidxray.data.prepare import prepare
 from covidxray.errors import UserError
 from covidxray.sources.archive import ExtractLimits, extract

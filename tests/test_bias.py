@@ -104,7 +104,7 @@ def test_evaluate_per_source_on_the_real_merge(merged, tmp_path):
     """A short small_cnn on the merge; evaluate's per-source figures equal scikit-learn's on each source's test images."""
     import tensorflow as tf
 
-    from covidxray.data.prepare import shard_paths
+    from covidxray.manifest import shard_paths
     from covidxray.data.tfrecord import read_records
 
     data_dir, _ = merged

@@ -13,7 +13,7 @@ import pytest
 
 from covidxray.config import Config
 from covidxray.data import dedup, near_duplicates, preprocess
-from covidxray.sources.base import Record
+from covidxray.records import Record
 from layouts import write_image, xray
 
 

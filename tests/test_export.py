@@ -68,7 +68,7 @@ def test_int8_model_takes_and_gives_uint8(all_formats_run):
 
 
 def test_sidecar_carries_everything_predict_needs(all_formats_run, synthetic_data):
-    from covidxray.data.prepare import load_manifest, manifest_sha256
+    from covidxray.manifest import load_manifest, manifest_sha256
     from covidxray.data.preprocess import PREPROCESSING
 
     manifest = load_manifest(synthetic_data)

@@ -24,7 +24,7 @@ from covidxray.data import dedup
 from covidxray.data.image_cache import ImageCache, cache_path
 from covidxray.errors import UserError
 from covidxray.sources import covid19_talo, zhanglab
-from covidxray.sources.base import Record
+from covidxray.records import Record
 from covidxray.sources.layout import is_junk, list_images, subdirs
 
 

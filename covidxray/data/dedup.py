@@ -43,7 +43,7 @@ import cv2
 import numpy as np
 
 from covidxray.data import near_duplicates
-from covidxray.sources.base import Record
+from covidxray.records import Record
 
 HASH_VERSION = f"sha256-pixels+dct-phash-256/1+{near_duplicates.FEATURE_VERSION}"
 PHASH_INPUT = 64  # thumbnail side the DCT runs on

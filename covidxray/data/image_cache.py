@@ -40,6 +40,7 @@ from typing import Callable, Iterable
 from covidxray.data import dedup, near_duplicates, preprocess, radiograph_gate
 from covidxray.data.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
+from covidxray.files import sha256_file
 
 _SCHEMA_VERSION = 3  # 3: + near-duplicate features; 2: keyed by content sha256 (1 was path, size, mtime)
 _SCHEMA = """CREATE TABLE IF NOT EXISTS images (
@@ -102,11 +103,7 @@ def decode_one(job: Job) -> tuple[str, bytes | None, Decoded]:
 
 def content_digest(path: str) -> bytes:
     """sha256 of the file's bytes: the cache key, so a file rewritten in place is never mistaken for its old self."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.digest()
+    return bytes.fromhex(sha256_file(path))
 
 
 def _content_or_none(path: str) -> bytes | None:

@@ -1,7 +1,8 @@
-"""Harmonised label vocabulary and the tasks that collapse it to class sets.
+"""The tasks that collapse the harmonised label vocabulary to class sets.
 
-Sources map their own findings onto HARMONISED_LABELS (fine-grained, shared by
-all sources); a task then decides which of those it uses and how they group.
+Sources map their own findings onto HARMONISED_LABELS (covidxray/records.py:
+fine-grained, shared by all sources); a task then decides which of those it
+uses and how they group.
 A label a task does not use is dropped with a counted reason, never guessed.
 """
 
@@ -10,21 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from covidxray.errors import UserError
-
-HARMONISED_LABELS = (
-    "normal",
-    "pneumonia",  # pneumonia of unstated cause
-    "pneumonia/bacterial",
-    "pneumonia/viral",
-    "pneumonia/fungal",
-    "pneumonia/other",
-    "covid-19",
-    "tuberculosis",
-    "oct/cnv",
-    "oct/dme",
-    "oct/drusen",
-    "oct/normal",
-)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ skips shards whose receipt matches the plan and whose bytes still match the
 receipt's sha256 (a damaged shard or receipt is rewritten, not trusted),
 which makes a killed run cheap to restart and yields identical shards.
 Shards are named after their content and manifest.json is replaced last, in
-one rename, so the data set switches atomically (see data/manifest.py).
+one rename, so the data set switches atomically (see covidxray/manifest.py).
 
 Nothing unusable is silent: every dropped row or file is counted per reason
 in manifest.json and listed in dropped.csv; every removed duplicate in
@@ -33,11 +33,12 @@ from covidxray.data import audit, dedup, preprocess
 from covidxray.data.composition import composition
 from covidxray.data.image_cache import Decoded, ImageCache, cache_path
 from covidxray.data.labels import Task, get_task
-from covidxray.data.manifest import SHARD_DIR, file_sha256, load_manifest, write_manifest
-from covidxray.data.manifest import MANIFEST, manifest_sha256, shard_paths  # noqa: F401  (re-exported: other modules import them from here)
+from covidxray.files import atomic_open, atomic_write, sha256_file
+from covidxray.manifest import SHARD_DIR, load_manifest, write_manifest
 from covidxray.data.split import SPLITS, make_splits, patients_overlap
 from covidxray.errors import UserError
-from covidxray.sources import Dropped, Record, build_source
+from covidxray.records import Dropped, Record
+from covidxray.sources import build_source
 from covidxray.sources.archive import ExtractLimits
 from covidxray.sources.descriptors import dedup_priority
 from covidxray.sources.unmapped import override_hint
@@ -122,11 +123,9 @@ def _write_shard(path: Path, records: list[Record], task: Task, cache: ImageCach
         "fingerprint": fingerprint,
         "records": written,
         "bytes": path.stat().st_size,
-        "sha256": file_sha256(path),
+        "sha256": sha256_file(path),
     }
-    tmp = path.with_suffix(".json.partial")
-    tmp.write_text(json.dumps(receipt, indent=1))
-    os.replace(tmp, path.with_suffix(".json"))
+    atomic_write(path.with_suffix(".json"), json.dumps(receipt, indent=1))
     return receipt
 
 
@@ -141,19 +140,17 @@ def _receipt_if_done(path: Path, fingerprint: str, log: Callable[[str], None]) -
     except (ValueError, TypeError, KeyError) as err:
         log(f"shard receipt {receipt_path} is damaged ({err.__class__.__name__}); rewriting {path.name}")
         return None
-    if done and receipt.get("sha256") != file_sha256(path):
+    if done and receipt.get("sha256") != sha256_file(path):
         log(f"shard {path} is damaged (its sha256 differs from its receipt); rewriting it")
         return None
     return receipt if done else None
 
 
 def _write_csv(path: Path, header: list[str], rows) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w", newline="", errors="backslashreplace") as handle:  # file names that are not UTF-8 stay readable
+    with atomic_open(path, "w", newline="", errors="backslashreplace") as handle:  # file names that are not UTF-8 stay readable
         writer = csv.writer(handle)
         writer.writerow(header)
         writer.writerows(rows)
-    os.replace(tmp, path)
 
 
 def write_split_table(path: Path, splits: dict[str, list[Record]], task: Task) -> None:

@@ -16,9 +16,8 @@ import cv2
 import numpy as np
 
 from covidxray.data.image_header import DEFAULT_MAX_PIXELS, declared_size
+from covidxray.records import VOLUME_SUFFIXES
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".dcm", ".dicom")
-VOLUME_SUFFIXES = (".nii", ".nii.gz", ".mha", ".mhd", ".nrrd")
 PREPROCESSING = {
     "decode": (
         "grayscale; DICOM: modality LUT (rescale slope/intercept), then VOI LUT sequence scaled from its "

@@ -26,7 +26,7 @@ import numpy as np
 
 from covidxray.data.labels import Task
 from covidxray.errors import UserError
-from covidxray.sources.base import Record
+from covidxray.records import Record
 
 SPLITS = ("train", "val", "test")
 SPLIT_MODES = ("patient", "source")

@@ -15,7 +15,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from covidxray.data import radiograph_gate
-from covidxray.data.preprocess import IMAGE_SUFFIXES, PREPROCESSING, ImageError, as_model_input, is_dicom, load_gray
+from covidxray.data.preprocess import PREPROCESSING, ImageError, as_model_input, is_dicom, load_gray
+from covidxray.records import IMAGE_SUFFIXES
 from covidxray.errors import UserError
 from covidxray.export.litert import TFLiteClassifier
 

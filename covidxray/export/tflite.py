@@ -13,9 +13,8 @@ calibrated probabilities predict will show, against the Keras model.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import itertools
+import json
 import shutil
 from pathlib import Path
 from typing import Callable, Iterator
@@ -24,20 +23,19 @@ import numpy as np
 import tensorflow as tf
 
 from covidxray.config import Config
-from covidxray.data.prepare import load_manifest, manifest_sha256, shard_paths
+from covidxray.manifest import check_model_matches, manifest_sha256, shard_paths
 from covidxray.data.tfrecord import read_records
 from covidxray.errors import UserError
 from covidxray.export import ood
 from covidxray.export.c_array import write_c_array
 from covidxray.export.calibration import calibration_summary
-from covidxray.export.litert import EMBEDDING_OUTPUT, TFLiteClassifier, sidecar_path, tflite_name
+from covidxray.export.litert import EMBEDDING_OUTPUT, TFLiteClassifier
 from covidxray.export.native_stderr import native_stderr_to
-from covidxray.train.trainer import MODEL_CARD, MODEL_FILE, write_json
+from covidxray.files import atomic_path, atomic_write
+from covidxray.run_folder import (CONVERTER_LOG, EXPORT_REPORT, MODEL_CARD, MODEL_FILE, SAVED_MODEL_DIR, sidecar_path, tflite_name,
+                                  write_json)
 
 FORMATS = ("float32", "float16", "int8")
-SAVED_MODEL_DIR = "saved_model"
-REPORT_FILE = "export_report.json"
-CONVERTER_LOG = "export_converter.log"
 
 
 def iter_split(data_dir: Path, split: str) -> Iterator[tuple[np.ndarray, int]]:
@@ -99,11 +97,10 @@ def fit_calibration_and_ood(classifier: TFLiteClassifier, data_dir: Path, margin
 
 def write_saved_model(model: tf.keras.Model, run_dir: Path) -> Path:
     """Atomic: a half-written SavedModel never sits at the final path."""
-    final, tmp = run_dir / SAVED_MODEL_DIR, run_dir / f".{SAVED_MODEL_DIR}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tf.saved_model.save(model, str(tmp))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    final = run_dir / SAVED_MODEL_DIR
+    with atomic_path(final) as tmp:
+        tf.saved_model.save(model, str(tmp))
+        shutil.rmtree(final, ignore_errors=True)  # a folder replaces only an absent one
     return final
 
 
@@ -125,25 +122,6 @@ def convert(saved_model: Path, fmt: str, representative: np.ndarray | None = Non
     return converter.convert()
 
 
-def _write_atomic(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_bytes(payload)
-    os.replace(tmp, path)
-
-
-def _check_data_matches(card: dict, data_dir: Path, say: Callable[[str], None]) -> str:
-    manifest = load_manifest(data_dir)
-    if manifest["labels"] != card["labels"] or int(manifest["image_size"]) != int(card["image_size"]):
-        raise UserError(
-            f"{data_dir} holds {manifest['labels']} at {manifest['image_size']} px but the model was trained on "
-            f"{card['labels']} at {card['image_size']} px: point --data-dir at the data it was trained on"
-        )
-    digest = manifest_sha256(data_dir)
-    if digest != card.get("manifest_sha256"):
-        say(f"[yellow]warning[/]: {data_dir} is not the exact data set the model was trained on (manifest hash differs); its test split may overlap training images")
-    return digest
-
-
 def export(config: Config, say: Callable[[str], None] = print) -> dict:
     """Write saved_model/, model-<fmt>.tflite + sidecar per format, the int8 C array and export_report.json."""
     formats = check_formats(config.export.formats)
@@ -152,7 +130,9 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     if not model_path.is_file() or not card_path.is_file():
         raise UserError(f"no trained model in {run_dir} ({MODEL_FILE}, {MODEL_CARD}): run `covidxray train` first")
     card = json.loads(card_path.read_text())
-    data_digest = _check_data_matches(card, data_dir, say)
+    _, same_data = check_model_matches(card, data_dir)
+    if not same_data:
+        say(f"[yellow]warning[/]: {data_dir} is not the exact data set the model was trained on (manifest hash differs); its test split may overlap training images")
     model = tf.keras.models.load_model(str(model_path), compile=False)
     test_images, test_labels = load_split(data_dir, "test")
     keras_pred = model.predict(test_images, batch_size=64, verbose=0).argmax(1)
@@ -167,7 +147,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         "keras": {"file": MODEL_FILE, "bytes": model_path.stat().st_size, "accuracy": float((keras_pred == test_labels).mean())},
         "saved_model": SAVED_MODEL_DIR,
         "test_images": len(test_labels),
-        "data_manifest_sha256": data_digest,
+        "data_manifest_sha256": manifest_sha256(data_dir),
         "training_manifest_sha256": card.get("manifest_sha256"),
         "int8_min_agreement": config.export.int8_min_agreement,
     }
@@ -175,12 +155,12 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         with native_stderr_to(log):
             flatbuffer = convert(saved_model, fmt, representative)
         out = run_dir / tflite_name(fmt)
-        _write_atomic(out, flatbuffer)
+        atomic_write(out, flatbuffer)
         sidecar = {**card, "format": fmt, "tflite_sha256": hashlib.sha256(flatbuffer).hexdigest(), "keras_model": MODEL_FILE}
         sidecar.update(fit_calibration_and_ood(TFLiteClassifier(out, card=sidecar), data_dir, config.export.ood_margin))
         classifier = TFLiteClassifier(out, card=sidecar)  # calibrated, as predict will run it
-        lite_probs, test_embeddings = zip(*(classifier.infer(image) for image in test_images))
-        lite_pred = classifier.calibrated(np.array(lite_probs)).argmax(1)
+        lite_probs, test_embeddings, _ = _run_split(classifier, data_dir, "test")
+        lite_pred = classifier.calibrated(lite_probs).argmax(1)
         entry = {
             "file": out.name,
             "bytes": len(flatbuffer),
@@ -189,7 +169,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             "temperature": sidecar["temperature"]["value"],
             "val_ece_before_after": [sidecar["temperature"]["ece_before"], sidecar["temperature"]["ece_after"]],
             "ood_threshold": sidecar["ood"]["threshold"],
-            "test_over_ood_threshold": float((classifier.ood.distances(np.array(test_embeddings)) > classifier.ood.threshold).mean()),
+            "test_over_ood_threshold": float((classifier.ood.distances(test_embeddings) > classifier.ood.threshold).mean()),
         }
         entry["accuracy_delta"] = entry["accuracy"] - report["keras"]["accuracy"]
         sidecar["parity"] = {"test_images": len(test_labels), **{k: entry[k] for k in ("agreement", "accuracy", "accuracy_delta")}}
@@ -204,12 +184,12 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             f"(val ECE {entry['val_ece_before_after'][0]:.3f} -> {entry['val_ece_before_after'][1]:.3f}), "
             f"test images beyond the out-of-distribution threshold {entry['test_over_ood_threshold']:.2%}"
         )
-    write_json(run_dir / REPORT_FILE, report)
+    write_json(run_dir / EXPORT_REPORT, report)
     if not report.get("int8", {}).get("meets_bar", True):
         raise UserError(
             f"int8 model agrees with Keras on only {report['int8']['agreement']:.2%} of the test split "
             f"(bar: export.int8_min_agreement={config.export.int8_min_agreement:.2%}); do not deploy "
             f"{run_dir / tflite_name('int8')}. Try more calibration images (export.representative_samples) "
-            f"or deploy float16; see {run_dir / REPORT_FILE}"
+            f"or deploy float16; see {run_dir / EXPORT_REPORT}"
         )
     return report

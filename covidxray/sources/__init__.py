@@ -15,9 +15,9 @@ from covidxray.sources import (  # noqa: F401  (importing registers)
     kermany,
     synthetic,
 )
-from covidxray.sources.base import SOURCE_REGISTRY, Dropped, Record, Source, SourceOptions
+from covidxray.sources.base import SOURCE_REGISTRY, Source, SourceOptions
 
-__all__ = ["SOURCE_REGISTRY", "Dropped", "Record", "Source", "SourceOptions", "build_source"]
+__all__ = ["SOURCE_REGISTRY", "Source", "SourceOptions", "build_source"]
 
 
 def build_source(name: str, options: dict[str, Any] | None = None) -> Source:

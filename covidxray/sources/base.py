@@ -13,36 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Iterator
 
-
-@dataclass(frozen=True)
-class Record:
-    """One image of one patient, as a source describes it.
-
-    `label` is the source's own finding, already mapped to the harmonised
-    vocabulary of `covidxray.data.labels` (e.g. "normal", "pneumonia/bacterial",
-    "covid-19", "oct/cnv"); tasks later collapse it to their class set.
-    `patient_id` is namespaced by source so ids never collide across sources.
-    """
-
-    image: Path
-    label: str
-    patient_id: str
-    source: str
-    view: str = "PA"
-    original_split: str = ""
-
-    @property
-    def record_id(self) -> str:
-        return f"{self.source}:{self.image.name}:{self.patient_id}"
-
-
-@dataclass(frozen=True)
-class Dropped:
-    """A row or file a source could not turn into a Record, and why."""
-
-    reason: str
-    where: str
-    detail: str = ""
+from covidxray.records import Dropped, Record
 
 
 @dataclass

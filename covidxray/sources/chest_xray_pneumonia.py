@@ -18,9 +18,11 @@ from typing import Iterator
 
 from covidxray.errors import UserError
 from covidxray.sources import zhanglab
-from covidxray.sources.base import Dropped, Record, register_source
+from covidxray.records import Dropped, Record
+from covidxray.sources.base import register_source
 from covidxray.sources.descriptors import Archive
-from covidxray.sources.download import say_stderr, sha256_file, verify_sha256
+from covidxray.files import sha256_file
+from covidxray.sources.download import say_stderr, verify_sha256
 from covidxray.sources.fetch import DescribedSource
 
 CREDENTIALS_HELP = (

@@ -23,7 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator
 
-from covidxray.sources.base import Dropped, Record, register_source
+from covidxray.records import Dropped, Record
+from covidxray.sources.base import register_source
 from covidxray.sources.fetch import DescribedSource
 from covidxray.sources.layout import list_images, subdirs
 

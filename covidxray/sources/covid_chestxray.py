@@ -18,13 +18,13 @@ from typing import ClassVar, Iterator
 
 from covidxray.config import setting
 from covidxray.errors import UserError
-from covidxray.sources.base import Dropped, Record, SourceOptions, register_source
+from covidxray.records import VOLUME_SUFFIXES, Dropped, Record
+from covidxray.sources.base import SourceOptions, register_source
 from covidxray.sources.fetch import DescribedSource, DownloadOptions
 from covidxray.sources.unmapped import unknown_finding
 
 METADATA = "metadata.csv"
 REQUIRED = ("patientid", "finding", "filename")  # `view` is missing from the earliest versions
-VOLUME_SUFFIXES = (".nii", ".nii.gz", ".mha", ".nrrd")
 UNKNOWN_VIEWS = ("", "?")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from covidxray.data.labels import HARMONISED_LABELS
+from covidxray.records import HARMONISED_LABELS
 from covidxray.errors import UserError
 
 DESCRIPTOR_DIR = Path(__file__).resolve().parents[1] / "datasets"  # symlink to the top-level datasets/ in a checkout

@@ -14,7 +14,8 @@ from typing import Iterator
 
 from covidxray.config import ConfigError
 from covidxray.sources import zhanglab
-from covidxray.sources.base import Dropped, Record, SourceOptions, register_source
+from covidxray.records import Dropped, Record
+from covidxray.sources.base import SourceOptions, register_source
 from covidxray.sources.descriptors import Archive
 from covidxray.sources.fetch import DescribedSource, DownloadOptions
 

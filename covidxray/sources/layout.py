@@ -12,8 +12,8 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
 
-from covidxray.data.preprocess import IMAGE_SUFFIXES
-from covidxray.sources.base import Dropped
+from covidxray.records import IMAGE_SUFFIXES
+from covidxray.records import Dropped
 
 MACOS_JUNK_DIR = "__MACOSX"
 

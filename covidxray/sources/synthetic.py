@@ -20,7 +20,8 @@ import cv2
 import numpy as np
 
 from covidxray.errors import UserError
-from covidxray.sources.base import Dropped, Record, Source, SourceOptions, register_source
+from covidxray.records import Dropped, Record
+from covidxray.sources.base import Source, SourceOptions, register_source
 
 LABELS = ("normal", "pneumonia/bacterial", "pneumonia/viral", "covid-19")
 _INDEX = "labels.csv"

@@ -13,8 +13,8 @@ import shlex
 from collections import Counter
 from typing import Iterable
 
-from covidxray.data.labels import HARMONISED_LABELS
-from covidxray.sources.base import Dropped
+from covidxray.records import HARMONISED_LABELS
+from covidxray.records import Dropped
 
 UNKNOWN_FINDING = "unknown finding"
 PLACEHOLDER = "LABEL"

@@ -34,7 +34,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from covidxray.sources.base import Dropped, Record
+from covidxray.records import Dropped, Record
 from covidxray.sources.descriptors import Descriptor
 from covidxray.sources.layout import list_images, subdirs
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from covidxray.data.prepare import shard_paths
+from covidxray.manifest import shard_paths
 from covidxray.train.metrics import expected_calibration_error
 
 UNSEEN = "unseen source"

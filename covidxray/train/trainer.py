@@ -26,9 +26,11 @@ import numpy as np
 import tensorflow as tf
 
 from covidxray.config import Config
-from covidxray.data.prepare import load_manifest, manifest_sha256, shard_paths
+from covidxray.manifest import load_manifest, manifest_sha256, shard_paths
 from covidxray.data.preprocess import PREPROCESSING
 from covidxray.errors import UserError
+from covidxray.files import PARTIAL
+from covidxray.run_folder import CHECKPOINTS, CONFIG_FILE, LATEST, MODEL_CARD, MODEL_FILE, TRAIN_LOG, read_latest, write_json, write_latest
 from covidxray.train.batchnorm import RecomputeBatchNorm, batches_per_rank
 from covidxray.train.distributed import CommitEpoch, HorovodTuning, World, check_launch_mode, init_world
 from covidxray.train.input import make_dataset
@@ -37,21 +39,9 @@ from covidxray.train.models import build_model
 from covidxray.train.schedule import LearningRateSchedule
 from covidxray.train.run_guard import check_before_training
 
-MODEL_FILE = "model.keras"
-MODEL_CARD = "model.json"
-TRAIN_LOG = "train_log.json"
-CHECKPOINTS = "checkpoints"
-LATEST = "latest.json"
-PARTIAL = ".partial"
 KEEP_CHECKPOINTS = 2
 MONITOR = "val_auc"  # macro one-vs-rest ROC AUC on the validation split
 PREDICTED_CLASSES = "val_predicted_classes"  # distinct argmax classes on val; 1 = a constant predictor
-
-
-def write_json(path: Path, payload: Any) -> None:
-    tmp = path.with_name(path.name + PARTIAL)
-    tmp.write_text(json.dumps(payload, indent=2))
-    os.replace(tmp, path)
 
 
 def class_weights(counts: dict[str, int], labels: list[str], power: float = 1.0) -> dict[int, float]:
@@ -189,7 +179,7 @@ class Checkpointer(tf.keras.callbacks.Callback):
         os.replace(tmp, root / name)
         if self.state.best.get("epoch") == epoch + 1:
             self._save_best_model()
-        write_json(root / LATEST, {
+        write_latest(self.run_dir, {
             "epoch": epoch + 1, "path": name, "best": self.state.best, "epochs_since_best": self.state.epochs_since_best,
             "optimizer_steps": int(self.model.optimizer.iterations.numpy()),
         })
@@ -208,21 +198,13 @@ class Checkpointer(tf.keras.callbacks.Callback):
 
 def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> dict:
     """State values of the last complete checkpoint (model and optimizer are restored in place); {} if none."""
-    latest = run_dir / CHECKPOINTS / LATEST
-    if not latest.is_file():
+    saved = read_latest(run_dir)
+    if saved is None:
         return {}
-    try:
-        saved = json.loads(latest.read_text())
-    except ValueError as err:
-        saved = f"not JSON: {err}"
-    if not (isinstance(saved, dict) and isinstance(saved.get("path"), str) and isinstance(saved.get("epoch"), int)):
-        detail = saved if isinstance(saved, str) else "no checkpoint path and epoch"
-        raise UserError(f"{latest} is damaged ({detail}), so the last complete checkpoint is unknown; start over without "
-                        "--resume (the checkpoint folders beside it are not trusted without it)")
     try:
         checkpoint.read(str(run_dir / CHECKPOINTS / saved["path"] / "ckpt")).assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as err:
-        raise UserError(f"{latest}: checkpoint {saved['path']} does not fit this model/config ({err}); resume with the config it was trained with") from None
+        raise UserError(f"{run_dir / CHECKPOINTS / LATEST}: checkpoint {saved['path']} does not fit this model/config ({err}); resume with the config it was trained with") from None
     log_path = run_dir / TRAIN_LOG
     try:
         history = json.loads(log_path.read_text()).get("epochs", []) if log_path.is_file() else []
@@ -309,7 +291,7 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
         ]
         if world.is_root:  # possibly a new rank 0 on another board, whose run dir is still empty
             run_dir.mkdir(parents=True, exist_ok=True)
-            config.save(run_dir / "config.yaml")
+            config.save(run_dir / CONFIG_FILE)
             callbacks.append(Checkpointer(run_dir, checkpoint, state, card))
         callbacks.append(CommitEpoch(state))
         if state.epoch < cfg.epochs and not stopped_early(state, cfg.early_stopping_patience):
