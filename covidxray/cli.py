@@ -17,7 +17,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from covidxray.config import Config, load_config, parse_override
+from covidxray.data.labels import TASKS
 from covidxray.errors import UserError
+from covidxray.export.formats import FORMATS
+from covidxray.registry import Registry
+from covidxray.run_folder import DEFAULT_FORMAT
+from covidxray.train.models import MODEL_REGISTRY
+from covidxray.train.weights import IMAGENET_WEIGHTS
 from covidxray.train_stack import missing_train_stack, require_train_stack
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter hides our messages
@@ -79,10 +85,10 @@ def parse_sources(specs: List[str], from_path: Optional[str] = None, configured:
 def prepare(
     config: Optional[Path] = ConfigOption,
     sets: Optional[List[str]] = SetOption,
-    source: Optional[List[str]] = typer.Option(None, "--source", "-s", help="NAME or NAME=PATH (archive/folder on disk); repeatable."),
+    source: Optional[List[str]] = typer.Option(None, "--source", "-s", help="NAME or NAME=PATH (archive/folder on disk); repeatable. Names: `covidxray sources`."),
     from_path: Optional[str] = typer.Option(None, "--from", help="Archive or folder on disk for the single --source given."),
     data_dir: Optional[str] = typer.Option(None, help="Output folder (shards + manifest.json)."),
-    task: Optional[str] = typer.Option(None, help="chest3, pneumonia, chest4 or oct."),
+    task: Optional[str] = typer.Option(None, help=f"{', '.join(TASKS.names())} (see `covidxray tasks`)."),
     image_size: Optional[int] = typer.Option(None),
     workers: Optional[int] = typer.Option(None, help="Decode processes (default: one per core)."),
     hold_out_source: Optional[str] = typer.Option(None, "--hold-out-source", help="Put this source (all of it) in test, the others in train/val."),
@@ -155,7 +161,7 @@ def train(
     sets: Optional[List[str]] = SetOption,
     data_dir: Optional[str] = typer.Option(None),
     run_dir: Optional[str] = typer.Option(None, help="Where checkpoints, model and logs go."),
-    model: Optional[str] = typer.Option(None, help="small_cnn, mobilenet_v3_small, efficientnet_b0."),
+    model: Optional[str] = typer.Option(None, help=f"{', '.join(MODEL_REGISTRY.names())} (see `covidxray models`)."),
     epochs: Optional[int] = typer.Option(None),
     batch_size: Optional[int] = typer.Option(None, help="Per rank."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --run-dir."),
@@ -216,7 +222,7 @@ def export_cmd(
     sets: Optional[List[str]] = SetOption,
     run_dir: Optional[str] = typer.Option(None),
     data_dir: Optional[str] = typer.Option(None, help="Prepared data (test split for parity, train for int8 calibration)."),
-    formats: Optional[List[str]] = typer.Option(None, "--format", help="float32, float16, int8 (repeatable; default export.formats)."),
+    formats: Optional[List[str]] = typer.Option(None, "--format", help=f"{', '.join(FORMATS.names())} (repeatable; default export.formats; see `covidxray formats`)."),
     c_array: bool = typer.Option(False, "--c-array", help="Also export int8 and write it as model-int8.cc/.h for TensorFlow Lite Micro."),
 ):
     """Write a SavedModel, convert it to TFLite and check each format against Keras on the test split."""
@@ -238,7 +244,7 @@ def export_cmd(
 def predict(
     files: List[Path] = typer.Argument(..., help="PNG, JPEG or DICOM files, or folders of them."),
     model: Path = typer.Option(Path("runs/default"), "--model", "-m", help="A .tflite written by export, or its run directory."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="With a run directory: float32 (default), float16 or int8."),
+    fmt: Optional[str] = typer.Option(None, "--format", help=f"With a run directory: {', '.join(FORMATS.names())} (default {DEFAULT_FORMAT})."),
     threads: int = typer.Option(1, help="Interpreter threads."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document (a list, one entry per file) on stdout."),
     explain: bool = typer.Option(False, "--explain", help="Write a Grad-CAM overlay per image (needs TensorFlow and the Keras model)."),
@@ -286,7 +292,7 @@ app.add_typer(weights_app, name="weights")
 
 @weights_app.command("download")
 def weights_download(
-    model: str = typer.Argument(..., help="mobilenet_v3_small or efficientnet_b0."),
+    model: str = typer.Argument(..., help=f"{' or '.join(IMAGENET_WEIGHTS)}."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="File (or folder) to write; default: Keras' file name here."),
 ):
     """Download Keras' ImageNet backbone file (checked against Keras' hash) for `train.weights: PATH` on every board."""
@@ -295,13 +301,35 @@ def weights_download(
     run(lambda: download_weights(model, out, say=console.print))
 
 
+def print_listing(registry: Registry) -> None:
+    for line in registry.listing():
+        print(line)
+
+
 @app.command()
 def sources():
-    """List the dataset adapters and their options."""
+    """List the dataset adapters (data.sources, --source) and their options."""
     from covidxray.sources import SOURCE_REGISTRY
 
-    for name, cls in sorted(SOURCE_REGISTRY.items()):
-        print(f"{name:24s} options: {', '.join(cls.option_names())}")
+    print_listing(SOURCE_REGISTRY)
+
+
+@app.command()
+def models():
+    """List the models (train.model, --model)."""
+    print_listing(MODEL_REGISTRY)
+
+
+@app.command()
+def tasks():
+    """List the tasks (data.task, --task) and their classes."""
+    print_listing(TASKS)
+
+
+@app.command()
+def formats():
+    """List the export formats (export.formats, --format)."""
+    print_listing(FORMATS)
 
 
 def main() -> None:

@@ -29,13 +29,13 @@ from covidxray.errors import UserError
 from covidxray.export import ood
 from covidxray.export.c_array import write_c_array
 from covidxray.export.calibration import calibration_summary
+from covidxray.export.formats import FORMATS, check_formats
 from covidxray.export.litert import EMBEDDING_OUTPUT, TFLiteClassifier
 from covidxray.export.native_stderr import native_stderr_to
 from covidxray.files import atomic_path, atomic_write
 from covidxray.run_folder import (CONVERTER_LOG, EXPORT_REPORT, MODEL_CARD, MODEL_FILE, SAVED_MODEL_DIR, sidecar_path, tflite_name,
                                   write_json)
 
-FORMATS = ("float32", "float16", "int8")
 
 
 def iter_split(data_dir: Path, split: str) -> Iterator[tuple[np.ndarray, int]]:
@@ -51,13 +51,6 @@ def load_split(data_dir: Path, split: str, limit: int | None = None) -> tuple[np
     if not images:
         raise UserError(f"{data_dir}: the {split} split is empty; export needs it (test for parity, train for int8 calibration)")
     return np.stack(images), np.array(labels)
-
-
-def check_formats(formats: list[str]) -> list[str]:
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown or not formats:
-        raise UserError(f"export formats {formats}: choose one or more of {', '.join(FORMATS)}")
-    return list(dict.fromkeys(formats))  # keep order, drop repeats
 
 
 def with_embedding(model: tf.keras.Model) -> tf.keras.Model:
@@ -106,19 +99,7 @@ def write_saved_model(model: tf.keras.Model, run_dir: Path) -> Path:
 
 def convert(saved_model: Path, fmt: str, representative: np.ndarray | None = None) -> bytes:
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
-    if fmt == "float16":
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.target_spec.supported_types = [tf.float16]
-    elif fmt == "int8":
-        def samples():
-            for image in representative:
-                yield [image[None].astype(np.float32)]
-
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.representative_dataset = samples
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        converter.inference_input_type = tf.uint8  # gray pixels 0..255 are exactly uint8
-        converter.inference_output_type = tf.uint8
+    FORMATS.get(fmt).configure(converter, representative)
     return converter.convert()
 
 
@@ -136,7 +117,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     model = tf.keras.models.load_model(str(model_path), compile=False)
     test_images, test_labels = load_split(data_dir, "test")
     keras_pred = model.predict(test_images, batch_size=64, verbose=0).argmax(1)
-    representative = load_split(data_dir, "train", config.export.representative_samples)[0] if "int8" in formats else None
+    representative = load_split(data_dir, "train", config.export.representative_samples)[0] if any(FORMATS.get(f).needs_representative for f in formats) else None
     log = run_dir / CONVERTER_LOG
     log.unlink(missing_ok=True)
     with native_stderr_to(log):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from covidxray.config import ConfigError, from_dict
+from covidxray.config import from_dict
 from covidxray.sources import (  # noqa: F401  (importing registers)
     chest_xray_pneumonia,
     covid19_talo,
@@ -21,8 +21,5 @@ __all__ = ["SOURCE_REGISTRY", "Source", "SourceOptions", "build_source"]
 
 
 def build_source(name: str, options: dict[str, Any] | None = None) -> Source:
-    try:
-        cls = SOURCE_REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown source {name!r}; available: {', '.join(sorted(SOURCE_REGISTRY))}") from None
+    cls = SOURCE_REGISTRY.get(name)
     return cls(from_dict(cls.Options, dict(options or {}), f"data.sources.{name}"))

@@ -9,11 +9,14 @@ is shared pipeline code and never special-cases a source.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Iterator
 
+from covidxray.config import ConfigError
 from covidxray.records import Dropped, Record
+from covidxray.registry import Registry, first_line
 
 
 @dataclass
@@ -52,15 +55,11 @@ class Source:
         return [f.name for f in dataclasses.fields(cls.Options)]
 
 
-SOURCE_REGISTRY: dict[str, type[Source]] = {}
+SOURCE_REGISTRY: Registry[type[Source]] = Registry("source", ConfigError)  # a source is named in data.sources
 
 
 def register_source(cls: type[Source]) -> type[Source]:
-    """Class decorator: make an adapter reachable by its `name` from config and CLI."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in SOURCE_REGISTRY:
-        raise ValueError(f"source {cls.name!r} registered twice")
-    SOURCE_REGISTRY[cls.name] = cls
-    return cls
+    """Class decorator: make an adapter reachable by its `name` from config and CLI (described by its module's docstring)."""
+    options = ", ".join(cls.option_names())
+    return SOURCE_REGISTRY.add(cls.name, cls, f"{first_line(sys.modules[cls.__module__].__doc__)} Options: {options}.")
 
