@@ -252,8 +252,8 @@ def predict(
     keras_model: Optional[Path] = typer.Option(None, help="Keras model for --explain (default: the one named by the sidecar)."),
 ):
     """Classify X-rays with the exported model (LiteRT interpreter; no TensorFlow needed)."""
-    from covidxray.export.litert import resolve_model
-    from covidxray.export.predict import predict_files
+    from covidxray.edge.predict import predict_files
+    from covidxray.run_folder import resolve_model
 
     def warn(message: str) -> None:
         console.print(f"[yellow]warning[/]: {escape(message)}", soft_wrap=True, highlight=False)

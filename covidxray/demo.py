@@ -30,7 +30,7 @@ def demo_config(workdir: Path, epochs: int) -> Config:
 def run_demo(workdir: Path, epochs: int, say: Callable[[str], None] = print) -> dict:
     from covidxray.cli_progress import progress_bar
     from covidxray.data.prepare import SPLIT_TABLE, prepare
-    from covidxray.export.predict import predict_files
+    from covidxray.edge.predict import predict_files
     from covidxray.export.tflite import export
     from covidxray.run_folder import tflite_name
     from covidxray.train.trainer import train

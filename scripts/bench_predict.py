@@ -3,7 +3,7 @@
 Latency: for each thread count, one worker process sets TensorFlow's and the
 LiteRT interpreter's threads to it, then interleaves, one call per case per
 round: Keras `model.predict(x)`, a direct Keras call `model(x)`, and
-`covidxray.export.litert.TFLiteClassifier.predict_one` for float32 and int8;
+`covidxray.edge.litert.TFLiteClassifier.predict_one` for float32 and int8;
 plus the shared preprocessing (decode + resize of a real-size file) for
 context. Model input is prepared once; only inference is timed.
 
@@ -59,8 +59,8 @@ def latency_worker(threads: int, run_dir: Path, image: Path, iterations: int) ->
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
-    from covidxray.data.preprocess import model_input
-    from covidxray.export.litert import TFLiteClassifier
+    from covidxray.edge.preprocess import model_input
+    from covidxray.edge.litert import TFLiteClassifier
 
     model = tf.keras.models.load_model(str(run_dir / "model.keras"), compile=False)
     lite = {fmt: TFLiteClassifier(run_dir / f"model-{fmt}.tflite", threads) for fmt in FORMATS}

@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 
 from covidxray.config import load_config
-from covidxray.data import image_cache, preprocess, tfrecord
-from covidxray.data.image_header import declared_size
+from covidxray.data import image_cache, tfrecord
+from covidxray.edge import preprocess
+from covidxray.edge.image_header import declared_size
 from covidxray.manifest import load_manifest, shard_problems
 from covidxray.data.prepare import prepare
 from covidxray.errors import UserError

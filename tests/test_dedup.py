@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from covidxray.config import Config
-from covidxray.data import dedup, near_duplicates, preprocess
+from covidxray.data import dedup, near_duplicates
+from covidxray.edge import preprocess
 from covidxray.records import Record
 from layouts import write_image, xray
 

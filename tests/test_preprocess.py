@@ -16,7 +16,7 @@ from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
-from covidxray.data.preprocess import ImageError, dicom_gray, load_gray, model_input
+from covidxray.edge.preprocess import ImageError, dicom_gray, load_gray, model_input
 
 
 def pydicom_file(name: str) -> str:

@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from covidxray.data import dedup, near_duplicates, preprocess, radiograph_gate
-from covidxray.data.image_header import DEFAULT_MAX_PIXELS
+from covidxray.data import dedup, near_duplicates
+from covidxray.edge import preprocess, radiograph_gate
+from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
 from covidxray.files import sha256_file
 
@@ -68,7 +69,7 @@ class Decoded:
 
 
 def cache_path(data_dir: Path, image_size: int) -> Path:
-    definition = json.dumps([preprocess.PREPROCESSING, dedup.HASH_VERSION, radiograph_gate.GATE_VERSION, _SCHEMA_VERSION], sort_keys=True)
+    definition = json.dumps([preprocess.PREPROCESSING_VERSION, dedup.HASH_VERSION, radiograph_gate.GATE_VERSION, _SCHEMA_VERSION], sort_keys=True)
     tag = hashlib.sha256(definition.encode()).hexdigest()[:12]
     return Path(data_dir) / "cache" / f"decoded-{image_size}px-{tag}.sqlite"
 

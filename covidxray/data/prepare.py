@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Callable
 
 from covidxray.config import DataConfig
-from covidxray.data import audit, dedup, preprocess
+from covidxray.data import audit, dedup
+from covidxray.edge import preprocess
 from covidxray.data.composition import composition
 from covidxray.data.image_cache import Decoded, ImageCache, cache_path
 from covidxray.data.labels import Task, get_task
@@ -95,7 +96,7 @@ def plan_shards(splits: dict[str, list[Record]], records_per_shard: int) -> list
 
 def _fingerprint(records: list[Record], task: Task, image_size: int, decoded: dict[str, Decoded]) -> str:
     """Everything a shard's bytes depend on (not where the files sit), so equal shards get equal names anywhere."""
-    digest = hashlib.sha256(json.dumps([task.name, image_size, dedup.HASH_VERSION, preprocess.PREPROCESSING]).encode())
+    digest = hashlib.sha256(json.dumps([task.name, image_size, dedup.HASH_VERSION, preprocess.PREPROCESSING_VERSION]).encode())
     for r in records:  # surrogateescape: a name made from a file name that is not UTF-8 keeps its own bytes
         line = f"{r.record_id}|{r.source}|{r.patient_id}|{r.label}|{decoded[str(r.image)].pixel_sha256.hex()}\n"
         digest.update(line.encode("utf-8", "surrogateescape"))
@@ -319,7 +320,7 @@ def build_manifest(config: DataConfig, task: Task, splits, receipts: list[dict],
         "task": task.name,
         "labels": list(task.classes),
         "image_size": config.image_size,
-        "preprocessing": preprocess.PREPROCESSING,
+        "preprocessing": preprocess.PREPROCESSING_VERSION,
         "splits": per_split,
         "patient_disjoint": not patients_overlap(splits),
         "composition": composition(per_split, list(task.classes), config.shortcut_warning_share),

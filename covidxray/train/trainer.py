@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from covidxray.config import Config
 from covidxray.manifest import load_manifest, manifest_sha256, shard_paths
-from covidxray.data.preprocess import PREPROCESSING
+from covidxray.edge.preprocess import PREPROCESSING_VERSION
 from covidxray.errors import UserError
 from covidxray.files import PARTIAL
 from covidxray.run_folder import CHECKPOINTS, CONFIG_FILE, LATEST, MODEL_CARD, MODEL_FILE, TRAIN_LOG, read_latest, write_json, write_latest
@@ -266,7 +266,7 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
     state = world.make_state(model, optimizer, **values)
     card = {
         "labels": labels, "image_size": image_size, "task": manifest["task"], "model": cfg.model,
-        "preprocessing": PREPROCESSING, "manifest_sha256": manifest_sha256(data_dir),
+        "preprocessing": PREPROCESSING_VERSION, "manifest_sha256": manifest_sha256(data_dir),
     }
     weights = class_weights(manifest["splits"]["train"]["classes"], labels, cfg.class_weight_power) if cfg.class_weights else None
 

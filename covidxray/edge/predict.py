@@ -2,7 +2,7 @@
 
 A bad file never stops the others; its entry carries the error instead. An
 image that is not a chest radiograph gets `rejected` instead of a class: by
-the cheap checks of covidxray/data/radiograph_gate.py, or because its
+the cheap checks of covidxray/edge/radiograph_gate.py, or because its
 embedding lies beyond the out-of-distribution threshold in the sidecar. No
 TensorFlow here: only `--explain` (Grad-CAM on the Keras model) loads it.
 """
@@ -14,11 +14,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from covidxray.data import radiograph_gate
-from covidxray.data.preprocess import PREPROCESSING, ImageError, as_model_input, is_dicom, load_gray
+from covidxray.edge import radiograph_gate
+from covidxray.edge.preprocess import PREPROCESSING_VERSION, ImageError, as_model_input, is_dicom, load_gray
 from covidxray.records import IMAGE_SUFFIXES
 from covidxray.errors import UserError
-from covidxray.export.litert import TFLiteClassifier
+from covidxray.edge.litert import TFLiteClassifier
 
 # (source file, decoded gray image, model input, class index) -> written overlay
 Explainer = Callable[[Path, np.ndarray, np.ndarray, int], Path]
@@ -92,10 +92,14 @@ def gradcam_explainer(classifier: TFLiteClassifier, out_dir: Path, keras_model: 
     return GradCamWriter(keras_model, out_dir, classifier.image_size)
 
 
-def preprocessing_drift(card: dict) -> list[str]:
-    """Preprocessing steps whose description differs between the model's training and this code."""
-    trained = card.get("preprocessing", {})
-    return [step for step in PREPROCESSING if trained.get(step) != PREPROCESSING[step]]
+def preprocessing_mismatch(card: dict) -> str | None:
+    """Why the model's training pixels may differ from this predictor's, or None when both use this preprocessing version."""
+    trained = card.get("preprocessing")
+    if trained == PREPROCESSING_VERSION:
+        return None
+    # Before numbered versions a card held a description of every step: made by other code than any version.
+    described = f"preprocessing version {trained}" if isinstance(trained, int) else "preprocessing older than version 1"
+    return f"was trained on images made by {described}; this predictor does version {PREPROCESSING_VERSION}: export a model trained on data prepared with this version"
 
 
 def predict_files(
@@ -106,7 +110,8 @@ def predict_files(
     if threads < 1:
         raise UserError(f"--threads {threads}: give 1 or more")
     classifier = TFLiteClassifier(model_path, threads)
-    for step in preprocessing_drift(classifier.card):
-        warn(f"{model_path} was trained with {step} = {classifier.card.get('preprocessing', {}).get(step)!r}; this predictor does {PREPROCESSING[step]!r}")
+    mismatch = preprocessing_mismatch(classifier.card)
+    if mismatch:
+        warn(f"{model_path} {mismatch}")
     explain = gradcam_explainer(classifier, explain_dir, keras_model) if explain_dir is not None else None
     return [predict_path(path, classifier, explain) for path in expand_inputs(paths)]
