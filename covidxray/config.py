@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from covidxray.records import HARMONISED_LABELS
 from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
 from covidxray.files import atomic_write
+from covidxray.records import HARMONISED_LABELS
 
 
 class ConfigError(UserError):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from covidxray.config import Config, load_config
 

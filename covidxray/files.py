@@ -17,8 +17,9 @@ import contextlib
 import hashlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 PARTIAL = ".partial"  # suffix of a file being written; a reader never opens one
 _BLOCK = 1 << 20

@@ -10,7 +10,8 @@ Imports nothing but covidxray.errors.
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from covidxray.errors import UserError
 

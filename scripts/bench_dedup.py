@@ -160,7 +160,7 @@ def transform_suite(originals, config, seed: int) -> dict:
 
     rng = np.random.default_rng(seed)
     images, owners = [], []
-    for index, (path, patient, gray) in enumerate(originals):
+    for index, (_path, _patient, gray) in enumerate(originals):
         images.append((f"orig/{index}", gray))
         owners.append((f"orig/{index}", f"orig-patient/{index}"))
         for family in FAMILIES:

@@ -59,8 +59,8 @@ def latency_worker(threads: int, run_dir: Path, image: Path, iterations: int) ->
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
-    from covidxray.edge.preprocess import model_input
     from covidxray.edge.litert import TFLiteClassifier
+    from covidxray.edge.preprocess import model_input
 
     model = tf.keras.models.load_model(str(run_dir / "model.keras"), compile=False)
     lite = {fmt: TFLiteClassifier(run_dir / f"model-{fmt}.tflite", threads) for fmt in FORMATS}

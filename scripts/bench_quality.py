@@ -24,9 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-
 import _bench
+import numpy as np
 
 RECIPES = {
     "kaggle-pneumonia": {

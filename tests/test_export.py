@@ -9,7 +9,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from conftest import copy_trained_model, run_cli
 
 FORMATS = ("float32", "float16", "int8")
@@ -68,8 +67,8 @@ def test_int8_model_takes_and_gives_uint8(all_formats_run):
 
 
 def test_sidecar_carries_everything_predict_needs(all_formats_run, synthetic_data):
-    from covidxray.manifest import load_manifest, manifest_sha256
     from covidxray.edge.preprocess import PREPROCESSING_VERSION
+    from covidxray.manifest import load_manifest, manifest_sha256
 
     manifest = load_manifest(synthetic_data)
     for fmt in FORMATS:
@@ -170,7 +169,7 @@ def test_sidecar_temperature_and_ood_threshold_are_what_val_says(all_formats_run
         raw, embeddings = map(np.array, zip(*(classifier.infer(image) for image in images)))
         floor = 1e-7 if fmt == "float32" else classifier.output["quantization"][0] / 2
 
-        def nll(t: float) -> float:
+        def nll(t: float, raw=raw, floor=floor) -> float:  # this format's outputs, bound now
             logits = np.log(np.maximum(raw, floor)) / t
             log_softmax = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
             return float(-log_softmax[np.arange(len(labels)), labels].mean())

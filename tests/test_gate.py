@@ -7,8 +7,8 @@ import json
 import cv2
 import numpy as np
 import pytest
-
 from conftest import run_cli
+
 from covidxray.edge import radiograph_gate
 from covidxray.edge.preprocess import load_gray
 

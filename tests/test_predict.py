@@ -12,7 +12,6 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-
 from conftest import run_cli
 from test_preprocess import write_dicom
 
@@ -149,8 +148,8 @@ def test_a_folder_is_expanded_recursively_including_suffixless_dicom(exported_ru
 def test_each_format_agrees_with_keras_on_raw_files(all_formats_run, synthetic_data):
     import tensorflow as tf
 
-    from covidxray.edge.preprocess import model_input
     from covidxray.edge.predict import predict_files
+    from covidxray.edge.preprocess import model_input
 
     files = held_out_images(synthetic_data, 30)
     keras = tf.keras.models.load_model(str(all_formats_run / "model.keras"), compile=False)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
+
 from covidxray.data.labels import get_task
 from covidxray.data.split import SPLITS, make_splits, patients_overlap
 from covidxray.records import Record

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import covidxray_cmd, run_cli
+
 from covidxray.manifest import shard_paths
 from covidxray.train.input import assign_shards, rank_records
 

@@ -36,8 +36,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import cv2
 import numpy as np

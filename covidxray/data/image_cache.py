@@ -31,11 +31,11 @@ import json
 import multiprocessing
 import os
 import sqlite3
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from covidxray.data import dedup, near_duplicates
 from covidxray.edge import preprocess, radiograph_gate
@@ -187,7 +187,7 @@ class ImageCache:
             raise
         return db
 
-    def __enter__(self) -> "ImageCache":
+    def __enter__(self) -> ImageCache:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -24,20 +24,20 @@ import json
 import os
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from covidxray.config import DataConfig
 from covidxray.data import audit, dedup
-from covidxray.edge import preprocess
 from covidxray.data.composition import composition
 from covidxray.data.image_cache import Decoded, ImageCache, cache_path
 from covidxray.data.labels import Task, get_task
+from covidxray.data.split import SPLITS, make_splits, patients_overlap
+from covidxray.edge import preprocess
+from covidxray.errors import UserError
 from covidxray.files import atomic_open, atomic_write, sha256_file
 from covidxray.manifest import SHARD_DIR, load_manifest, write_manifest
-from covidxray.data.split import SPLITS, make_splits, patients_overlap
-from covidxray.errors import UserError
 from covidxray.records import Dropped, Record
 from covidxray.sources import build_source
 from covidxray.sources.archive import ExtractLimits

@@ -20,7 +20,7 @@ with a held-out image) goes to test as a whole, and is counted in the report.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -8,8 +8,8 @@ that is not valid UTF-8 keeps its raw bytes (surrogateescape) both ways.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import tensorflow as tf
 

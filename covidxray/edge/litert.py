@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from covidxray.errors import UserError
 from covidxray.edge.calibration import apply_temperature
 from covidxray.edge.native_stderr import native_stderr_to
 from covidxray.edge.ood import OodModel
+from covidxray.errors import UserError
 from covidxray.run_folder import sidecar_path
 
 EMBEDDING_OUTPUT = "embedding"  # the second output's signature name (covidxray/export/tflite.py)

@@ -9,16 +9,16 @@ TensorFlow here: only `--explain` (Grad-CAM on the Keras model) loads it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import numpy as np
 
 from covidxray.edge import radiograph_gate
-from covidxray.edge.preprocess import PREPROCESSING_VERSION, ImageError, as_model_input, is_dicom, load_gray
-from covidxray.records import IMAGE_SUFFIXES
-from covidxray.errors import UserError
 from covidxray.edge.litert import TFLiteClassifier
+from covidxray.edge.preprocess import PREPROCESSING_VERSION, ImageError, as_model_input, is_dicom, load_gray
+from covidxray.errors import UserError
+from covidxray.records import IMAGE_SUFFIXES
 
 # (source file, decoded gray image, model input, class index) -> written overlay
 Explainer = Callable[[Path, np.ndarray, np.ndarray, int], Path]
@@ -48,7 +48,7 @@ def _rejected(path: Path, reason: str, score: float, limit: float) -> dict:
     return {"file": str(path), "rejected": REJECTED, "reason": reason, "score": float(score), "limit": float(limit)}
 
 
-def predict_path(path: Path, classifier: TFLiteClassifier, explain: Optional[Explainer] = None) -> dict:
+def predict_path(path: Path, classifier: TFLiteClassifier, explain: Explainer | None = None) -> dict:
     try:
         if path.is_dir():
             raise ImageError("empty", path, f"folder holds no {', '.join(IMAGE_SUFFIXES)} or DICOM files")
@@ -78,7 +78,7 @@ def predict_path(path: Path, classifier: TFLiteClassifier, explain: Optional[Exp
     return result
 
 
-def gradcam_explainer(classifier: TFLiteClassifier, out_dir: Path, keras_model: Optional[Path] = None) -> Explainer:
+def gradcam_explainer(classifier: TFLiteClassifier, out_dir: Path, keras_model: Path | None = None) -> Explainer:
     """The Keras model named by the sidecar (beside the .tflite) unless `keras_model` overrides it."""
     try:
         from covidxray.export.gradcam import GradCamWriter  # imports TensorFlow
@@ -104,7 +104,7 @@ def preprocessing_mismatch(card: dict) -> str | None:
 
 def predict_files(
     paths: list[Path], model_path: Path, threads: int = 1,
-    explain_dir: Optional[Path] = None, keras_model: Optional[Path] = None,
+    explain_dir: Path | None = None, keras_model: Path | None = None,
     warn: Callable[[str], None] = lambda _message: None,
 ) -> list[dict]:
     if threads < 1:

@@ -8,8 +8,8 @@ gradient to nothing. Needs TensorFlow: only `predict --explain` imports this.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import cv2
 import numpy as np

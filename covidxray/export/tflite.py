@@ -16,26 +16,33 @@ import hashlib
 import itertools
 import json
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
 
 from covidxray.config import Config
-from covidxray.manifest import check_model_matches, manifest_sha256, shard_paths
 from covidxray.data.tfrecord import read_records
-from covidxray.errors import UserError
 from covidxray.edge import ood
+from covidxray.edge.litert import EMBEDDING_OUTPUT, TFLiteClassifier
+from covidxray.edge.native_stderr import native_stderr_to
+from covidxray.errors import UserError
 from covidxray.export.c_array import write_c_array
 from covidxray.export.calibration import calibration_summary
 from covidxray.export.formats import FORMATS, check_formats
-from covidxray.edge.litert import EMBEDDING_OUTPUT, TFLiteClassifier
-from covidxray.edge.native_stderr import native_stderr_to
 from covidxray.files import atomic_path, atomic_write
-from covidxray.run_folder import (CONVERTER_LOG, EXPORT_REPORT, MODEL_CARD, MODEL_FILE, SAVED_MODEL_DIR, sidecar_path, tflite_name,
-                                  write_json)
-
+from covidxray.manifest import check_model_matches, manifest_sha256, shard_paths
+from covidxray.run_folder import (
+    CONVERTER_LOG,
+    EXPORT_REPORT,
+    MODEL_CARD,
+    MODEL_FILE,
+    SAVED_MODEL_DIR,
+    sidecar_path,
+    tflite_name,
+    write_json,
+)
 
 
 def iter_split(data_dir: Path, split: str) -> Iterator[tuple[np.ndarray, int]]:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
 from covidxray.config import ConfigError
 from covidxray.records import Dropped, Record

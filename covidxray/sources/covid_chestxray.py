@@ -12,9 +12,10 @@ lateral view or, before the modality column existed, a CT slice.
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
 from covidxray.config import setting
 from covidxray.errors import UserError

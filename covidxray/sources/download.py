@@ -16,8 +16,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from covidxray.errors import UserError
 from covidxray.files import sha256_file

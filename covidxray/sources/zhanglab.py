@@ -31,8 +31,8 @@ Evidence from the full Kaggle listing (5856 files, checked 2026-12-03):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from covidxray.records import Dropped, Record
 from covidxray.sources.descriptors import Descriptor

@@ -11,8 +11,8 @@ a generalisation figure and is labelled so.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

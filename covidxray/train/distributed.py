@@ -20,8 +20,9 @@ import io
 import os
 import shutil
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -96,7 +97,7 @@ class StaticState:
     uses (attributes, `sync`, `commit`), so the trainer has a single code path.
     """
 
-    def __init__(self, world: "World", model: tf.keras.Model, optimizer, **values: Any):
+    def __init__(self, world: World, model: tf.keras.Model, optimizer, **values: Any):
         self._world, self._model, self._optimizer, self._names = world, model, optimizer, list(values)
         self.__dict__.update(values)
 

@@ -15,19 +15,28 @@ collection an image came from instead of the disease (see docs/datasets.md).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from covidxray.config import Config
-from covidxray.manifest import check_model_matches, shard_paths
 from covidxray.errors import UserError
 from covidxray.files import atomic_path
+from covidxray.manifest import check_model_matches, shard_paths
 from covidxray.run_folder import EVALUATION, MODEL_CARD, MODEL_FILE, write_json
 from covidxray.train.by_source import UNSEEN, per_source_report, split_sources
-from covidxray.train.metrics import (binary_rates, classwise_expected_calibration_error, confusion_matrix, expected_calibration_error,
-                                     macro_auc, reliability_bins, roc_auc, roc_curve, youden_threshold)
+from covidxray.train.metrics import (
+    binary_rates,
+    classwise_expected_calibration_error,
+    confusion_matrix,
+    expected_calibration_error,
+    macro_auc,
+    reliability_bins,
+    roc_auc,
+    roc_curve,
+    youden_threshold,
+)
 
 ROC_PLOT = "roc.png"
 CONFUSION_PLOT = "confusion.png"

@@ -21,8 +21,9 @@ them) on a board without TensorFlow.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from covidxray.errors import UserError
 from covidxray.registry import Registry, first_line

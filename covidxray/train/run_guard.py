@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from covidxray.config import Config
-from covidxray.run_folder import write_json
-from covidxray.manifest import MANIFEST, content_sha256, describe_shard_problems, shard_paths, shard_problems
 from covidxray.errors import UserError
+from covidxray.manifest import MANIFEST, content_sha256, describe_shard_problems, shard_paths, shard_problems
+from covidxray.run_folder import write_json
 from covidxray.train.input import assign_shards
 
 RUN_INPUTS = "run_inputs.json"  # the data set and settings this run's checkpoints were trained with

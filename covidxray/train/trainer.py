@@ -19,25 +19,35 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 
 from covidxray.config import Config
-from covidxray.manifest import load_manifest, manifest_sha256, shard_paths
 from covidxray.edge.preprocess import PREPROCESSING_VERSION
 from covidxray.errors import UserError
 from covidxray.files import PARTIAL
-from covidxray.run_folder import CHECKPOINTS, CONFIG_FILE, LATEST, MODEL_CARD, MODEL_FILE, TRAIN_LOG, read_latest, write_json, write_latest
+from covidxray.manifest import load_manifest, manifest_sha256, shard_paths
+from covidxray.run_folder import (
+    CHECKPOINTS,
+    CONFIG_FILE,
+    LATEST,
+    MODEL_CARD,
+    MODEL_FILE,
+    TRAIN_LOG,
+    read_latest,
+    write_json,
+    write_latest,
+)
 from covidxray.train.batchnorm import RecomputeBatchNorm, batches_per_rank
 from covidxray.train.distributed import CommitEpoch, HorovodTuning, World, check_launch_mode, init_world
 from covidxray.train.input import make_dataset
 from covidxray.train.metrics import cross_entropy, macro_auc
 from covidxray.train.models import build_model
-from covidxray.train.schedule import LearningRateSchedule
 from covidxray.train.run_guard import check_before_training
+from covidxray.train.schedule import LearningRateSchedule
 
 KEEP_CHECKPOINTS = 2
 MONITOR = "val_auc"  # macro one-vs-rest ROC AUC on the validation split

@@ -23,7 +23,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from nodes import ClusterError, Ssh, add_cluster_arguments, local_hosts, main_guard, on_every_host, read_hostfile, ssh_from_args  # noqa: E402
+from nodes import (  # noqa: E402
+    ClusterError,
+    Ssh,
+    add_cluster_arguments,
+    local_hosts,
+    main_guard,
+    on_every_host,
+    read_hostfile,
+    ssh_from_args,
+)
 from shard_plan import SHARDS, HostPlan, add_plan_arguments, plan  # noqa: E402
 
 from covidxray.manifest import MANIFEST, manifest_sha256  # noqa: E402
