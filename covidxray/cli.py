@@ -256,10 +256,17 @@ def predict(
     from covidxray.edge.predict import predict_files
     from covidxray.run_folder import resolve_model
 
+    def gradcam_for():
+        try:
+            from covidxray.export.gradcam import gradcam_for  # imports TensorFlow
+        except ImportError as err:
+            raise UserError(f"--explain runs the Keras model and needs TensorFlow ({err}): run it where covidxray was trained, or install the full package") from None
+        return gradcam_for(explain_dir, keras_model)
+
     def warn(message: str) -> None:
         console.print(f"[yellow]warning[/]: {escape(message)}", soft_wrap=True, highlight=False)
 
-    results = run(lambda: predict_files(files, resolve_model(model, fmt), threads, explain_dir if explain else None, keras_model, warn))
+    results = run(lambda: predict_files(files, resolve_model(model, fmt), threads, gradcam_for() if explain else None, warn))
     for item in results:
         if "error" in item:
             console.print(f"[red]{escape(item['file'])}: {escape(item['error'])}[/]", soft_wrap=True, highlight=False)

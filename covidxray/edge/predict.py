@@ -4,7 +4,8 @@ A bad file never stops the others; its entry carries the error instead. An
 image that is not a chest radiograph gets `rejected` instead of a class: by
 the cheap checks of covidxray/edge/radiograph_gate.py, or because its
 embedding lies beyond the out-of-distribution threshold in the sidecar. No
-TensorFlow here: only `--explain` (Grad-CAM on the Keras model) loads it.
+TensorFlow here: `--explain` (Grad-CAM on the Keras model, covidxray/export/gradcam.py)
+is handed in by the caller as an `ExplainerFor`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from covidxray.records import IMAGE_SUFFIXES
 
 # (source file, decoded gray image, model input, class index) -> written overlay
 Explainer = Callable[[Path, np.ndarray, np.ndarray, int], Path]
+ExplainerFor = Callable[[TFLiteClassifier], Explainer]  # made once the model and its sidecar are loaded (--explain)
 REJECTED = "not a chest radiograph"
 OOD_REASON = "out-of-distribution"
 
@@ -78,20 +80,6 @@ def predict_path(path: Path, classifier: TFLiteClassifier, explain: Explainer | 
     return result
 
 
-def gradcam_explainer(classifier: TFLiteClassifier, out_dir: Path, keras_model: Path | None = None) -> Explainer:
-    """The Keras model named by the sidecar (beside the .tflite) unless `keras_model` overrides it."""
-    try:
-        from covidxray.export.gradcam import GradCamWriter  # imports TensorFlow
-    except ImportError as err:
-        raise UserError(f"--explain runs the Keras model and needs TensorFlow ({err}): run it where covidxray was trained, or install the full package") from None
-
-    if keras_model is None:
-        if "keras_model" not in classifier.card:
-            raise UserError(f"the sidecar of {classifier.path} names no Keras model: give --keras-model")
-        keras_model = classifier.path.parent / classifier.card["keras_model"]
-    return GradCamWriter(keras_model, out_dir, classifier.image_size)
-
-
 def preprocessing_mismatch(card: dict) -> str | None:
     """Why the model's training pixels may differ from this predictor's, or None when both use this preprocessing version."""
     trained = card.get("preprocessing")
@@ -104,7 +92,7 @@ def preprocessing_mismatch(card: dict) -> str | None:
 
 def predict_files(
     paths: list[Path], model_path: Path, threads: int = 1,
-    explain_dir: Path | None = None, keras_model: Path | None = None,
+    explainer_for: ExplainerFor | None = None,
     warn: Callable[[str], None] = lambda _message: None,
 ) -> list[dict]:
     if threads < 1:
@@ -113,5 +101,5 @@ def predict_files(
     mismatch = preprocessing_mismatch(classifier.card)
     if mismatch:
         warn(f"{model_path} {mismatch}")
-    explain = gradcam_explainer(classifier, explain_dir, keras_model) if explain_dir is not None else None
+    explain = explainer_for(classifier) if explainer_for is not None else None
     return [predict_path(path, classifier, explain) for path in expand_inputs(paths)]
