@@ -103,8 +103,8 @@ def check_model_matches(card: dict, data_dir: str | Path) -> tuple[dict, bool]:
     manifest = load_manifest(data_dir)
     if manifest["labels"] != card["labels"] or int(manifest["image_size"]) != int(card["image_size"]):
         raise UserError(
-            f"{data_dir} holds {manifest['labels']} at {manifest['image_size']} px but the model was trained on "
-            f"{card['labels']} at {card['image_size']} px: point --data-dir at the data it was trained on "
+            f"{data_dir} holds labels {manifest['labels']} at {manifest['image_size']} px but the model was trained on "
+            f"labels {card['labels']} at {card['image_size']} px: point --data-dir at the data it was trained on "
             f"(or prepare data of task {card.get('task', '?')} with --image-size {card['image_size']})"
         )
     return manifest, manifest_sha256(data_dir) == card.get("manifest_sha256")
