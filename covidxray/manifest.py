@@ -37,17 +37,20 @@ CHECKSUM = "checksum"
 _RERUN = "re-run `covidxray prepare` with the same config and --data-dir (decodes are cached and intact shards reused, so it is quick)"
 
 
-def canonical_sha256(manifest: dict) -> str:
-    """sha256 over every key but the checksum itself, as sorted compact ASCII JSON: independent of formatting."""
-    content = {k: v for k, v in manifest.items() if k != CHECKSUM}
+def _json_sha256(content: dict) -> str:
+    """sha256 of sorted compact ASCII JSON: independent of formatting and key order."""
     return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def canonical_sha256(manifest: dict) -> str:
+    """sha256 over every key but the checksum itself."""
+    return _json_sha256({k: v for k, v in manifest.items() if k != CHECKSUM})
 
 
 def content_sha256(manifest: dict) -> str:
     """sha256 of what training reads (task, labels, image size, preprocessing, every shard's sha256), not of
     run details such as the time prepare took: a re-prepare of the same data keeps it."""
-    content = {k: manifest.get(k) for k in ("task", "labels", "image_size", "preprocessing", "shards")}
-    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return _json_sha256({k: manifest.get(k) for k in ("task", "labels", "image_size", "preprocessing", "shards")})
 
 
 def seal(manifest: dict) -> dict:
