@@ -9,15 +9,22 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from covidxray.config import Config, load_config, parse_override
+from covidxray.data.labels import TASKS
 from covidxray.errors import UserError
+from covidxray.export.formats import FORMATS
+from covidxray.registry import Registry
+from covidxray.run_folder import DEFAULT_FORMAT
+from covidxray.train.models import MODEL_REGISTRY
+from covidxray.train.weights import IMAGENET_WEIGHTS
 from covidxray.train_stack import missing_train_stack, require_train_stack
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter hides our messages
@@ -29,7 +36,7 @@ ConfigOption = typer.Option(None, "--config", "-c", help="YAML config (see confi
 SetOption = typer.Option(None, "--set", help="Override any config key, e.g. --set train.epochs=3 (repeatable).")
 
 
-def resolve(config_path: Optional[Path], sets: Optional[List[str]], **flags: Any) -> Config:
+def resolve(config_path: Path | None, sets: list[str] | None, **flags: Any) -> Config:
     """Defaults -> YAML -> --set -> dedicated flags (the most specific wins)."""
     overrides = [parse_override(s) for s in sets or []]
     for dotted, value in flags.items():
@@ -56,7 +63,7 @@ def run(action: Callable[[], Any]) -> Any:
         raise typer.Exit(130) from None
 
 
-def parse_sources(specs: List[str], from_path: Optional[str] = None, configured: Optional[dict[str, dict[str, Any]]] = None) -> dict[str, dict[str, Any]]:
+def parse_sources(specs: list[str], from_path: str | None = None, configured: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """`--source a --source b=PATH` -> {a: {...}, b: {..., from_path: PATH}}; `--from` goes with a single source.
 
     A source's options from the config file and --set (e.g. kermany's `part`) are kept; the path given
@@ -77,15 +84,15 @@ def parse_sources(specs: List[str], from_path: Optional[str] = None, configured:
 
 @app.command()
 def prepare(
-    config: Optional[Path] = ConfigOption,
-    sets: Optional[List[str]] = SetOption,
-    source: Optional[List[str]] = typer.Option(None, "--source", "-s", help="NAME or NAME=PATH (archive/folder on disk); repeatable."),
-    from_path: Optional[str] = typer.Option(None, "--from", help="Archive or folder on disk for the single --source given."),
-    data_dir: Optional[str] = typer.Option(None, help="Output folder (shards + manifest.json)."),
-    task: Optional[str] = typer.Option(None, help="chest3, pneumonia, chest4 or oct."),
-    image_size: Optional[int] = typer.Option(None),
-    workers: Optional[int] = typer.Option(None, help="Decode processes (default: one per core)."),
-    hold_out_source: Optional[str] = typer.Option(None, "--hold-out-source", help="Put this source (all of it) in test, the others in train/val."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    source: list[str] | None = typer.Option(None, "--source", "-s", help="NAME or NAME=PATH (archive/folder on disk); repeatable. Names: `covidxray sources`."),
+    from_path: str | None = typer.Option(None, "--from", help="Archive or folder on disk for the single --source given."),
+    data_dir: str | None = typer.Option(None, help="Output folder (shards + manifest.json)."),
+    task: str | None = typer.Option(None, help=f"{', '.join(TASKS.names())} (see `covidxray tasks`)."),
+    image_size: int | None = typer.Option(None),
+    workers: int | None = typer.Option(None, help="Decode processes (default: one per core)."),
+    hold_out_source: str | None = typer.Option(None, "--hold-out-source", help="Put this source (all of it) in test, the others in train/val."),
 ):
     """Fetch sources, harmonise labels, dedupe, split by patient, write sharded TFRecords."""
     from covidxray.cli_progress import progress_bar
@@ -127,9 +134,9 @@ def print_composition(manifest: dict) -> None:
 @app.command()
 def audit(
     data_dir: Path = typer.Argument(..., help="A prepared data set, or a folder with one split per top-level folder (e.g. the Kaggle set's train/ and test/)."),
-    config: Optional[Path] = ConfigOption,
-    sets: Optional[List[str]] = SetOption,
-    workers: Optional[int] = typer.Option(None, help="Decode processes (default: one per core)."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    workers: int | None = typer.Option(None, help="Decode processes (default: one per core)."),
 ):
     """Find images and patients that are in two splits (exit status 1 when there are any)."""
     from covidxray.cli_progress import progress_bar
@@ -151,16 +158,16 @@ def audit(
 
 @app.command()
 def train(
-    config: Optional[Path] = ConfigOption,
-    sets: Optional[List[str]] = SetOption,
-    data_dir: Optional[str] = typer.Option(None),
-    run_dir: Optional[str] = typer.Option(None, help="Where checkpoints, model and logs go."),
-    model: Optional[str] = typer.Option(None, help="small_cnn, mobilenet_v3_small, efficientnet_b0."),
-    epochs: Optional[int] = typer.Option(None),
-    batch_size: Optional[int] = typer.Option(None, help="Per rank."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    data_dir: str | None = typer.Option(None),
+    run_dir: str | None = typer.Option(None, help="Where checkpoints, model and logs go."),
+    model: str | None = typer.Option(None, help=f"{', '.join(MODEL_REGISTRY.names())} (see `covidxray models`)."),
+    epochs: int | None = typer.Option(None),
+    batch_size: int | None = typer.Option(None, help="Per rank."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --run-dir."),
     force: bool = typer.Option(False, "--force", help="With --resume: continue although the data set or training settings differ from the run's."),
-    elastic: Optional[bool] = typer.Option(None, "--elastic", help="Elastic job (horovodrun --min-np/--max-np/--host-discovery-script): survives losing workers."),
+    elastic: bool | None = typer.Option(None, "--elastic", help="Elastic job (horovodrun --min-np/--max-np/--host-discovery-script): survives losing workers."),
 ):
     """Train (single process, or one rank under `horovodrun` / `mpirun`)."""
     cfg = run(lambda: resolve(config, sets, data__data_dir=data_dir, train__run_dir=run_dir, train__model=model, train__epochs=epochs, train__batch_size=batch_size, train__elastic=elastic))
@@ -175,10 +182,10 @@ def train(
 
 @app.command()
 def evaluate(
-    config: Optional[Path] = ConfigOption,
-    sets: Optional[List[str]] = SetOption,
-    run_dir: Optional[str] = typer.Option(None, help="Run folder with model.keras (evaluation.json, roc.png, confusion.png go here)."),
-    data_dir: Optional[str] = typer.Option(None, help="Prepared data: thresholds from its val split, metrics on its test split."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    run_dir: str | None = typer.Option(None, help="Run folder with model.keras (evaluation.json, roc.png, confusion.png go here)."),
+    data_dir: str | None = typer.Option(None, help="Prepared data: thresholds from its val split, metrics on its test split."),
 ):
     """Test-split accuracy, per-class sensitivity/specificity/PPV, ROC AUC, confusion matrix; thresholds chosen on val."""
     cfg = run(lambda: resolve(config, sets, data__data_dir=data_dir, train__run_dir=run_dir))
@@ -193,9 +200,9 @@ def evaluate(
 
 @app.command()
 def doctor(
-    data_dir: Optional[Path] = typer.Option(None, help="Also check these shards against their manifest's sha256s, and measure a training rank's peak memory on them."),
+    data_dir: Path | None = typer.Option(None, help="Also check these shards against their manifest's sha256s, and measure a training rank's peak memory on them."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (to compare boards)."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="The training config the memory check runs (model, batch, Horovod buffers); default: the built-in defaults."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="The training config the memory check runs (model, batch, Horovod buffers); default: the built-in defaults."),
     memory_probe: bool = typer.Option(True, "--memory-probe/--no-memory-probe", help="With --data-dir: run a few training steps to measure peak memory (\"fits this board\")."),
 ):
     """What this board has: versions, Horovod build (controllers, ops), mpirun, cores, memory, disk, shard integrity, fits this board."""
@@ -212,11 +219,11 @@ def doctor(
 
 @app.command("export")
 def export_cmd(
-    config: Optional[Path] = ConfigOption,
-    sets: Optional[List[str]] = SetOption,
-    run_dir: Optional[str] = typer.Option(None),
-    data_dir: Optional[str] = typer.Option(None, help="Prepared data (test split for parity, train for int8 calibration)."),
-    formats: Optional[List[str]] = typer.Option(None, "--format", help="float32, float16, int8 (repeatable; default export.formats)."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    run_dir: str | None = typer.Option(None),
+    data_dir: str | None = typer.Option(None, help="Prepared data (test split for parity, train for int8 calibration)."),
+    formats: list[str] | None = typer.Option(None, "--format", help=f"{', '.join(FORMATS.names())} (repeatable; default export.formats; see `covidxray formats`)."),
     c_array: bool = typer.Option(False, "--c-array", help="Also export int8 and write it as model-int8.cc/.h for TensorFlow Lite Micro."),
 ):
     """Write a SavedModel, convert it to TFLite and check each format against Keras on the test split."""
@@ -236,23 +243,30 @@ def export_cmd(
 
 @app.command()
 def predict(
-    files: List[Path] = typer.Argument(..., help="PNG, JPEG or DICOM files, or folders of them."),
+    files: list[Path] = typer.Argument(..., help="PNG, JPEG or DICOM files, or folders of them."),
     model: Path = typer.Option(Path("runs/default"), "--model", "-m", help="A .tflite written by export, or its run directory."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="With a run directory: float32 (default), float16 or int8."),
+    fmt: str | None = typer.Option(None, "--format", help=f"With a run directory: {', '.join(FORMATS.names())} (default {DEFAULT_FORMAT})."),
     threads: int = typer.Option(1, help="Interpreter threads."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document (a list, one entry per file) on stdout."),
     explain: bool = typer.Option(False, "--explain", help="Write a Grad-CAM overlay per image (needs TensorFlow and the Keras model)."),
     explain_dir: Path = typer.Option(Path("gradcam"), help="Where --explain writes <image stem>.gradcam.png."),
-    keras_model: Optional[Path] = typer.Option(None, help="Keras model for --explain (default: the one named by the sidecar)."),
+    keras_model: Path | None = typer.Option(None, help="Keras model for --explain (default: the one named by the sidecar)."),
 ):
     """Classify X-rays with the exported model (LiteRT interpreter; no TensorFlow needed)."""
-    from covidxray.export.litert import resolve_model
-    from covidxray.export.predict import predict_files
+    from covidxray.edge.predict import predict_files
+    from covidxray.run_folder import resolve_model
+
+    def gradcam_for():
+        try:
+            from covidxray.export.gradcam import gradcam_for  # imports TensorFlow
+        except ImportError as err:
+            raise UserError(f"--explain runs the Keras model and needs TensorFlow ({err}): run it where covidxray was trained, or install the full package") from None
+        return gradcam_for(explain_dir, keras_model)
 
     def warn(message: str) -> None:
         console.print(f"[yellow]warning[/]: {escape(message)}", soft_wrap=True, highlight=False)
 
-    results = run(lambda: predict_files(files, resolve_model(model, fmt), threads, explain_dir if explain else None, keras_model, warn))
+    results = run(lambda: predict_files(files, resolve_model(model, fmt), threads, gradcam_for() if explain else None, warn))
     for item in results:
         if "error" in item:
             console.print(f"[red]{escape(item['file'])}: {escape(item['error'])}[/]", soft_wrap=True, highlight=False)
@@ -286,8 +300,8 @@ app.add_typer(weights_app, name="weights")
 
 @weights_app.command("download")
 def weights_download(
-    model: str = typer.Argument(..., help="mobilenet_v3_small or efficientnet_b0."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="File (or folder) to write; default: Keras' file name here."),
+    model: str = typer.Argument(..., help=f"{' or '.join(IMAGENET_WEIGHTS)}."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="File (or folder) to write; default: Keras' file name here."),
 ):
     """Download Keras' ImageNet backbone file (checked against Keras' hash) for `train.weights: PATH` on every board."""
     from covidxray.train.weights import download_weights
@@ -295,13 +309,35 @@ def weights_download(
     run(lambda: download_weights(model, out, say=console.print))
 
 
+def print_listing(registry: Registry) -> None:
+    for line in registry.listing():
+        print(line)
+
+
 @app.command()
 def sources():
-    """List the dataset adapters and their options."""
+    """List the dataset adapters (data.sources, --source) and their options."""
     from covidxray.sources import SOURCE_REGISTRY
 
-    for name, cls in sorted(SOURCE_REGISTRY.items()):
-        print(f"{name:24s} options: {', '.join(cls.option_names())}")
+    print_listing(SOURCE_REGISTRY)
+
+
+@app.command()
+def models():
+    """List the models (train.model, --model)."""
+    print_listing(MODEL_REGISTRY)
+
+
+@app.command()
+def tasks():
+    """List the tasks (data.task, --task) and their classes."""
+    print_listing(TASKS)
+
+
+@app.command()
+def formats():
+    """List the export formats (export.formats, --format)."""
+    print_listing(FORMATS)
 
 
 def main() -> None:

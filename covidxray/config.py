@@ -15,9 +15,10 @@ from typing import Any
 
 import yaml
 
-from covidxray.data.labels import HARMONISED_LABELS
-from covidxray.data.image_header import DEFAULT_MAX_PIXELS
+from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
+from covidxray.files import atomic_write
+from covidxray.records import HARMONISED_LABELS
 
 
 class ConfigError(UserError):
@@ -80,7 +81,7 @@ class DataConfig:
     # them with the exact line to add here) or map differently; wins over every descriptor.
     label_overrides: dict[str, str] = setting(default_factory=dict, choices=HARMONISED_LABELS)
     # Images declaring more pixels are refused before decoding (prepare and predict); the default fits one
-    # decode worker per core on a 4 GB board (arithmetic in covidxray/data/image_header.py).
+    # decode worker per core on a 4 GB board (arithmetic in covidxray/edge/image_header.py).
     max_pixels: int = setting(DEFAULT_MAX_PIXELS, low=256)
     # Archive extraction stops with an error beyond this many bytes in total, or when the archive would
     # expand to more than max_compression_ratio x its own size (zip bombs); real collections are ~1-10 GB of JPEG/PNG.
@@ -122,7 +123,7 @@ class ExportConfig:
     formats: list[str] = field(default_factory=lambda: ["float32"])
     int8_min_agreement: float = setting(0.98, low=0.0, high=1.0)
     representative_samples: int = setting(200, low=1)
-    # Out-of-distribution threshold = the largest val-split distance x this (covidxray/export/ood.py).
+    # Out-of-distribution threshold = the largest val-split distance x this (covidxray/edge/ood.py).
     ood_margin: float = setting(1.2, above=0.0, high=100.0)
 
 
@@ -138,9 +139,7 @@ class Config:
     def save(self, path: Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-        tmp.replace(path)
+        atomic_write(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
 def _coerce(value: Any, annotation: Any, where: str) -> Any:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from covidxray.config import Config, load_config
 
@@ -30,8 +30,9 @@ def demo_config(workdir: Path, epochs: int) -> Config:
 def run_demo(workdir: Path, epochs: int, say: Callable[[str], None] = print) -> dict:
     from covidxray.cli_progress import progress_bar
     from covidxray.data.prepare import SPLIT_TABLE, prepare
-    from covidxray.export.predict import predict_files
+    from covidxray.edge.predict import predict_files
     from covidxray.export.tflite import export
+    from covidxray.run_folder import tflite_name
     from covidxray.train.trainer import train
 
     config = demo_config(workdir, epochs)
@@ -46,7 +47,7 @@ def run_demo(workdir: Path, epochs: int, say: Callable[[str], None] = print) -> 
     with open(Path(config.data.data_dir) / SPLIT_TABLE, newline="") as handle:
         test_rows = [row for row in csv.DictReader(handle) if row["split"] == "test"]
     examples = {row["class"]: Path(row["image"]) for row in reversed(test_rows)}
-    model_path = Path(config.train.run_dir) / "model-float32.tflite"
+    model_path = Path(config.train.run_dir) / tflite_name("float32")
     for truth, result in zip(examples, predict_files(list(examples.values()), model_path)):
         answer = f"predicted {result['label']} ({result['confidence']:.2f})" if "label" in result else f"no class: {result.get('rejected') or result['error']} ({result['reason']})"
         say(f"  {result['file']}: true {truth}, {answer}")

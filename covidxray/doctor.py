@@ -60,7 +60,7 @@ def _available_memory_mb() -> int | None:
 
 def check_shards(data_dir: Path) -> dict:
     """The manifest is intact (its own checksum) and every shard it lists exists with the sha256 it recorded."""
-    from covidxray.data.manifest import load_manifest, shard_problems
+    from covidxray.manifest import load_manifest, shard_problems
 
     try:
         manifest = load_manifest(data_dir)

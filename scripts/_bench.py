@@ -23,9 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -74,7 +75,7 @@ class Bench:
         """Print the tables and verdicts, write the JSON report; exit status stays 0 when a goal is missed."""
         report = {
             "benchmark": self.name,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": command_line(),
             "quick": bool(args.quick),
             "repeats": args.repeats,

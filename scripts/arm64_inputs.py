@@ -13,7 +13,7 @@ from pathlib import Path
 
 import cv2
 from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import JPEG2000Lossless, ExplicitVRLittleEndian, generate_uid
+from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, generate_uid
 
 from covidxray.data.prepare import SPLIT_TABLE
 

@@ -107,7 +107,7 @@ def real_images() -> list[tuple[Path, str]]:
 
 def decoded(paths_and_patients, limit: int | None = None):
     """(path, patient, gray) of the files that decode as radiographs."""
-    from covidxray.data import preprocess
+    from covidxray.edge import preprocess
 
     out = []
     for path, patient in paths_and_patients:
@@ -121,7 +121,8 @@ def decoded(paths_and_patients, limit: int | None = None):
 
 
 def signatures(images: list) -> tuple[dict, dict]:
-    from covidxray.data import dedup, near_duplicates, preprocess
+    from covidxray.data import dedup, near_duplicates
+    from covidxray.edge import preprocess
 
     hashes, features = {}, {}
     for key, gray in images:
@@ -132,7 +133,7 @@ def signatures(images: list) -> tuple[dict, dict]:
 
 def match_records(keys_and_patients: list[tuple[str, str]], hashes, features, config) -> list[tuple[str, str, str, str]]:
     from covidxray.data import dedup
-    from covidxray.sources.base import Record
+    from covidxray.records import Record
 
     records = [Record(image=Path(key), label="x", patient_id=patient, source="bench") for key, patient in keys_and_patients]
     edges = dedup.matches(records, hashes, features, config.dedup_max_distance, config.dedup_min_inliers)
@@ -159,7 +160,7 @@ def transform_suite(originals, config, seed: int) -> dict:
 
     rng = np.random.default_rng(seed)
     images, owners = [], []
-    for index, (path, patient, gray) in enumerate(originals):
+    for index, (_path, _patient, gray) in enumerate(originals):
         images.append((f"orig/{index}", gray))
         owners.append((f"orig/{index}", f"orig-patient/{index}"))
         for family in FAMILIES:
@@ -237,7 +238,7 @@ def scaling_files(folder: Path, count: int, px: int, seed: int) -> list[Path]:
     import cv2
     import numpy as np
 
-    from covidxray.data import preprocess
+    from covidxray.edge import preprocess
 
     folder.mkdir(parents=True, exist_ok=True)
     bases = sorted((SHARED / "chest-xray-pneumonia-224" / "chest_xray").glob("*/*/*.jpeg"))
@@ -287,7 +288,8 @@ def _matching_child(pickled: Path, count: int, max_distance: int, min_inliers: i
 
 
 def scaling(args, config) -> list[dict]:
-    from covidxray.data import dedup, near_duplicates, preprocess
+    from covidxray.data import dedup, near_duplicates
+    from covidxray.edge import preprocess
 
     files = scaling_files(args.workdir / f"variants-{args.scale_px}px", max(args.sizes), args.scale_px, args.seed)
     decode_s, feature_s, keys, hashes, features = [], [], [], {}, {}

@@ -1,9 +1,9 @@
 """The "is this a chest radiograph" gate: false rejections on real radiographs, rejections of everything else.
 
-Every image goes through `covidxray.export.predict.predict_path`, exactly what
+Every image goes through `covidxray.edge.predict.predict_path`, exactly what
 `covidxray predict` runs: decoding (which already refuses colour photos and
 DICOM whose Modality is not a radiograph), the cheap checks of
-covidxray/data/radiograph_gate.py, then the exported model's
+covidxray/edge/radiograph_gate.py, then the exported model's
 out-of-distribution score against the threshold in its sidecar. An image
 counts as rejected when it gets no class, whichever step refused it; the
 tables say which step did.
@@ -74,8 +74,8 @@ def main() -> None:
     bench.parser.add_argument("--shared", type=Path, default=_bench.REPO.parent / "shared" / "data", help="real data (default: %(default)s)")
     bench.parser.add_argument("--every", type=int, default=1, help="use every n-th real radiograph (default: all)")
     args = bench.parse({"every": 60})
-    from covidxray.export.litert import TFLiteClassifier
-    from covidxray.export.predict import predict_path
+    from covidxray.edge.litert import TFLiteClassifier
+    from covidxray.edge.predict import predict_path
 
     run_dir = args.run_dir or build_run(args)
     classifier = TFLiteClassifier(run_dir / f"model-{args.format}.tflite")

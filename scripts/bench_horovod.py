@@ -94,7 +94,7 @@ def main() -> None:
     bench.parser.add_argument("--no-pin", dest="pin", action="store_false", help="let the ranks share all cores")
     args = bench.parse({"cases": "small_cnn@32", "epochs": 2, "patients": 40, "batch_size": 16, "allreduce_steps": 3, "ceiling_seconds": 0.3})
 
-    from covidxray.data.prepare import load_manifest
+    from covidxray.manifest import load_manifest
 
     results, rows, reduce_rows = {"pinned": args.pin, "batch_size_per_rank": args.batch_size, "cases": {}}, [], []
     for model, size in _bench.parse_cases(args.cases):

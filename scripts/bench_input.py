@@ -60,7 +60,7 @@ def main() -> None:
     bench.parser.add_argument("--patients", type=int, default=300, help="phantom patients in the prepared set (default: %(default)s)")
     args = bench.parse({"cases": "small_cnn@64", "batches": 2, "patients": 40})
 
-    from covidxray.data.prepare import load_manifest, shard_paths
+    from covidxray.manifest import load_manifest, shard_paths
     from covidxray.train.distributed import init_world
     from covidxray.train.input import make_dataset
 

@@ -3,7 +3,7 @@
 Latency: for each thread count, one worker process sets TensorFlow's and the
 LiteRT interpreter's threads to it, then interleaves, one call per case per
 round: Keras `model.predict(x)`, a direct Keras call `model(x)`, and
-`covidxray.export.litert.TFLiteClassifier.predict_one` for float32 and int8;
+`covidxray.edge.litert.TFLiteClassifier.predict_one` for float32 and int8;
 plus the shared preprocessing (decode + resize of a real-size file) for
 context. Model input is prepared once; only inference is timed.
 
@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 
 import _bench
+
+from covidxray.run_folder import MODEL_FILE, sidecar_path, tflite_name
 
 FORMATS = ("float32", "int8")
 
@@ -59,11 +61,11 @@ def latency_worker(threads: int, run_dir: Path, image: Path, iterations: int) ->
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
-    from covidxray.data.preprocess import model_input
-    from covidxray.export.litert import TFLiteClassifier
+    from covidxray.edge.litert import TFLiteClassifier
+    from covidxray.edge.preprocess import model_input
 
-    model = tf.keras.models.load_model(str(run_dir / "model.keras"), compile=False)
-    lite = {fmt: TFLiteClassifier(run_dir / f"model-{fmt}.tflite", threads) for fmt in FORMATS}
+    model = tf.keras.models.load_model(str(run_dir / MODEL_FILE), compile=False)
+    lite = {fmt: TFLiteClassifier(run_dir / tflite_name(fmt), threads) for fmt in FORMATS}
     size = lite["float32"].image_size
     x = model_input(image, size)
     batch = x[None]
@@ -109,7 +111,7 @@ def predict_process(model_path: Path, images: list[Path]) -> dict:
 def build_run(args) -> Path:
     """A trained run with float32 and int8 exports, made once per model and size in the workdir."""
     run_dir = args.workdir / f"predict-run-{args.model}-{args.image_size}"
-    if all((run_dir / f"model-{fmt}.tflite").is_file() for fmt in FORMATS):
+    if all((run_dir / tflite_name(fmt)).is_file() for fmt in FORMATS):
         return run_dir
     data = _bench.prepared_synthetic(args.workdir / f"predict-data-{args.image_size}", args.image_size, args.patients)
     _bench.run(_bench.covidxray("train", "--data-dir", str(data), "--run-dir", str(run_dir), "--model", args.model, "--epochs", str(args.epochs)))
@@ -137,13 +139,13 @@ def main() -> None:
         return
 
     run_dir = args.run_dir or build_run(args)
-    card = json.loads((run_dir / "model-float32.json").read_text())
+    card = json.loads(sidecar_path(run_dir / tflite_name("float32")).read_text())
     images = _bench.image_files(_bench.talo_phantoms(args.workdir / f"predict-images-4x{args.image_px}", 4, args.image_px))
     threads = [int(t) for t in args.threads.split(",")]
-    sizes = {"keras": (run_dir / "model.keras").stat().st_size, **{fmt: (run_dir / f"model-{fmt}.tflite").stat().st_size for fmt in FORMATS}}
-    contents = {fmt: tensor_bytes(run_dir / f"model-{fmt}.tflite") for fmt in FORMATS}
+    sizes = {"keras": (run_dir / MODEL_FILE).stat().st_size, **{fmt: (run_dir / tflite_name(fmt)).stat().st_size for fmt in FORMATS}}
+    contents = {fmt: tensor_bytes(run_dir / tflite_name(fmt)) for fmt in FORMATS}
     latency = {t: latencies(t, run_dir, images[0], args.iterations) for t in threads}
-    memory = {fmt: predict_process(run_dir / f"model-{fmt}.tflite", images) for fmt in FORMATS}
+    memory = {fmt: predict_process(run_dir / tflite_name(fmt), images) for fmt in FORMATS}
 
     results = {"run_dir": str(run_dir), "model": card.get("model"), "image_size": card["image_size"], "image_px": args.image_px,
                "latency_s": {str(t): v for t, v in latency.items()}, "bytes": sizes, "tensor_bytes": contents, "predict_process": memory}

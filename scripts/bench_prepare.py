@@ -30,7 +30,7 @@ import _bench
 
 
 def _decode_resize(job: tuple[str, int]) -> None:
-    from covidxray.data import preprocess
+    from covidxray.edge import preprocess
 
     path, size = job
     preprocess.resize_square(preprocess.load_gray(path), size)

@@ -24,9 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-
 import _bench
+import numpy as np
 
 RECIPES = {
     "kaggle-pneumonia": {
@@ -79,7 +78,7 @@ def bootstrap_intervals(labels: np.ndarray, probabilities: np.ndarray, class_nam
 def test_predictions(run_dir: Path, data_dir: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     import tensorflow as tf
 
-    from covidxray.data.prepare import load_manifest
+    from covidxray.manifest import load_manifest
     from covidxray.train.evaluate import predict_split
 
     manifest = load_manifest(data_dir)

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from covidxray.data.prepare import load_manifest, shard_paths
+from covidxray.manifest import load_manifest, shard_paths
 from covidxray.train.batchnorm import batchnorm_layers
 from covidxray.train.input import make_dataset
 

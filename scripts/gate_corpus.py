@@ -175,7 +175,7 @@ def _dicom_pixels(path: Path, out: Path) -> Path | None:
     """A DICOM's display pixels (first frame of a series) as a gray PNG, bypassing the Modality check."""
     import pydicom
 
-    from covidxray.data.preprocess import dicom_gray
+    from covidxray.edge.preprocess import dicom_gray
 
     dataset = pydicom.dcmread(str(path))
     if int(dataset.get("NumberOfFrames", 1) or 1) > 1:

@@ -7,8 +7,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def training_pids(run_dir: Path, env_entry: str) -> list[int]:

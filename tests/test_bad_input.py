@@ -20,16 +20,17 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-
-from covidxray.config import load_config
-from covidxray.data import image_cache, preprocess, tfrecord
-from covidxray.data.image_header import declared_size
-from covidxray.data.manifest import load_manifest, shard_problems
-from covidxray.data.prepare import prepare
-from covidxray.errors import UserError
-from covidxray.sources.archive import ExtractLimits, extract
 from kill_worker import decode_or_die
 from layouts import build_talo, write_image, xray
+
+from covidxray.config import load_config
+from covidxray.data import image_cache, tfrecord
+from covidxray.data.prepare import prepare
+from covidxray.edge import preprocess
+from covidxray.edge.image_header import declared_size
+from covidxray.errors import UserError
+from covidxray.manifest import load_manifest, shard_problems
+from covidxray.sources.archive import ExtractLimits, extract
 
 DECODE_TIMEOUT_S = 300  # a hang fails the test instead of the suite
 
@@ -384,10 +385,10 @@ def run_inputs(prepared, tmp_path):
 
 
 def test_resume_refuses_other_settings_or_data_unless_forced(run_inputs, talo, tmp_path):
+    from conftest import run_cli
+
     from covidxray.train.distributed import World
     from covidxray.train.run_guard import RUN_INPUTS, check_before_training
-
-    from conftest import run_cli
 
     config, data_dir, manifest = run_inputs
     result = run_cli("train", "--data-dir", str(data_dir), "--run-dir", config.train.run_dir, "--resume", "--batch-size", "8")

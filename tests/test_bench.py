@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, have_horovod
 
 RESULT_KEYS = {

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SHARED_DATA, run_cli
 from sklearn import metrics as sk
 
-from conftest import SHARED_DATA, run_cli
 from covidxray.config import ConfigError, load_config
 from covidxray.data.composition import shortcut_warnings
 
@@ -104,8 +104,8 @@ def test_evaluate_per_source_on_the_real_merge(merged, tmp_path):
     """A short small_cnn on the merge; evaluate's per-source figures equal scikit-learn's on each source's test images."""
     import tensorflow as tf
 
-    from covidxray.data.prepare import shard_paths
     from covidxray.data.tfrecord import read_records
+    from covidxray.manifest import shard_paths
 
     data_dir, _ = merged
     run_dir = tmp_path / "run"

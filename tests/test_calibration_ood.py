@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from covidxray.export import ood
-from covidxray.export.calibration import apply_temperature, fit_temperature
+from covidxray.edge import ood
+from covidxray.edge.calibration import apply_temperature
+from covidxray.export.calibration import fit_temperature
 from covidxray.train.metrics import expected_calibration_error
 
 

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, VENV_BIN, have_horovod
 from kill_worker import run_killing_one_worker
 from sshd import HOSTS, SSH, SSHD, start_sshd
@@ -280,7 +279,7 @@ def test_emulated_boards_are_shaped_reachable_over_ssh_and_removed(emulated_boar
     from bench_allreduce import link_check
 
     ssh = ["ip", "netns", "exec", f"{NET_NAME}-launch", str(NET_STATE / "bin" / "ssh")]
-    for board, address in ((1, f"{NET_SUBNET}.11"), (2, f"{NET_SUBNET}.12")):
+    for _board, address in ((1, f"{NET_SUBNET}.11"), (2, f"{NET_SUBNET}.12")):
         seen = subprocess.run([*ssh, address, "ip -o -4 addr show dev eth0; python3 -c 'import socket; print(socket.gethostbyname(socket.gethostname()))'"],
                               capture_output=True, text=True, timeout=60)
         assert seen.returncode == 0, seen.stderr

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from conftest import run_cli
-from covidxray.config import ConfigError, Config, load_config, parse_override
+
+from covidxray.config import Config, ConfigError, load_config, parse_override
 
 
 def test_defaults_then_yaml_then_overrides(tmp_path):

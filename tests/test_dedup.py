@@ -10,11 +10,12 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from layouts import write_image, xray
 
 from covidxray.config import Config
-from covidxray.data import dedup, near_duplicates, preprocess
-from covidxray.sources.base import Record
-from layouts import write_image, xray
+from covidxray.data import dedup, near_duplicates
+from covidxray.edge import preprocess
+from covidxray.records import Record
 
 
 def hashes_of(path: Path, size: int = 64) -> tuple[bytes, bytes]:
@@ -290,9 +291,9 @@ def test_audit_of_something_else_says_what_it_expects(tmp_path):
 @pytest.mark.slow
 def test_real_talo_crops_are_all_matched_when_prepared_with_ieee8023(shared_data, tmp_path):
     """The 8 real talo COVID images are re-cropped, rescaled, re-encoded ieee8023 images under the same names."""
-    from conftest import run_cli
-
     import shutil
+
+    from conftest import run_cli
 
     data_dir = tmp_path / "both"
     talo = shared_data / "covid19-talo-sample"

@@ -9,11 +9,11 @@ import tarfile
 import zipfile
 
 import pytest
+from layouts import FileServer
 
 from covidxray.errors import UserError
 from covidxray.sources.archive import MARKER, extract
 from covidxray.sources.download import download
-from layouts import FileServer
 
 PAYLOAD = os.urandom(3 * (1 << 20) + 12345)  # spans several read chunks
 SHA = hashlib.sha256(PAYLOAD).hexdigest()

@@ -14,10 +14,8 @@ import subprocess
 import sys
 import tomllib
 from importlib.metadata import packages_distributions
-from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 from test_predict import check_schema, held_out_images
 

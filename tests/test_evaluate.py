@@ -7,9 +7,9 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import run_cli
 from sklearn import metrics as sk
 
-from conftest import run_cli
 from covidxray.train import metrics
 from covidxray.train.by_source import per_source_report, unseen_sources
 from covidxray.train.evaluate import choose_thresholds, classification_report

@@ -9,7 +9,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from conftest import copy_trained_model, run_cli
 
 FORMATS = ("float32", "float16", "int8")
@@ -48,7 +47,7 @@ def test_every_format_agrees_with_keras_and_sizes_shrink(all_formats_run):
 def test_report_agreement_matches_an_independent_check(all_formats_run, synthetic_data):
     import tensorflow as tf
 
-    from covidxray.export.litert import TFLiteClassifier
+    from covidxray.edge.litert import TFLiteClassifier
     from covidxray.export.tflite import load_split
 
     images, labels = load_split(synthetic_data, "test")
@@ -60,7 +59,7 @@ def test_report_agreement_matches_an_independent_check(all_formats_run, syntheti
 
 
 def test_int8_model_takes_and_gives_uint8(all_formats_run):
-    from covidxray.export.litert import TFLiteClassifier
+    from covidxray.edge.litert import TFLiteClassifier
 
     classifier = TFLiteClassifier(all_formats_run / "model-int8.tflite")
     assert classifier.input["dtype"] == np.uint8 and classifier.output["dtype"] == np.uint8
@@ -68,8 +67,8 @@ def test_int8_model_takes_and_gives_uint8(all_formats_run):
 
 
 def test_sidecar_carries_everything_predict_needs(all_formats_run, synthetic_data):
-    from covidxray.data.prepare import load_manifest, manifest_sha256
-    from covidxray.data.preprocess import PREPROCESSING
+    from covidxray.edge.preprocess import PREPROCESSING_VERSION
+    from covidxray.manifest import load_manifest, manifest_sha256
 
     manifest = load_manifest(synthetic_data)
     for fmt in FORMATS:
@@ -77,7 +76,7 @@ def test_sidecar_carries_everything_predict_needs(all_formats_run, synthetic_dat
         card = json.loads(model.with_suffix(".json").read_text())
         assert card["labels"] == manifest["labels"]
         assert card["image_size"] == manifest["image_size"]
-        assert card["preprocessing"] == PREPROCESSING
+        assert card["preprocessing"] == PREPROCESSING_VERSION
         assert card["manifest_sha256"] == manifest_sha256(synthetic_data)
         assert card["tflite_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
         assert card["format"] == fmt and card["keras_model"] == "model.keras"
@@ -146,7 +145,7 @@ def test_unknown_format_is_a_user_error(tmp_path, synthetic_data):
 
 
 def test_every_format_has_named_probability_and_embedding_outputs(all_formats_run):
-    from covidxray.export.litert import TFLiteClassifier
+    from covidxray.edge.litert import TFLiteClassifier
 
     for fmt in FORMATS:
         classifier = TFLiteClassifier(all_formats_run / f"model-{fmt}.tflite")
@@ -160,7 +159,7 @@ def test_every_format_has_named_probability_and_embedding_outputs(all_formats_ru
 def test_sidecar_temperature_and_ood_threshold_are_what_val_says(all_formats_run, synthetic_data):
     """Independent recomputation: NLL minimum over T on val, and the largest val distance x the margin."""
     from covidxray.config import ExportConfig
-    from covidxray.export.litert import TFLiteClassifier
+    from covidxray.edge.litert import TFLiteClassifier
     from covidxray.export.tflite import load_split
 
     images, labels = load_split(synthetic_data, "val")
@@ -170,7 +169,7 @@ def test_sidecar_temperature_and_ood_threshold_are_what_val_says(all_formats_run
         raw, embeddings = map(np.array, zip(*(classifier.infer(image) for image in images)))
         floor = 1e-7 if fmt == "float32" else classifier.output["quantization"][0] / 2
 
-        def nll(t: float) -> float:
+        def nll(t: float, raw=raw, floor=floor) -> float:  # this format's outputs, bound now
             logits = np.log(np.maximum(raw, floor)) / t
             log_softmax = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
             return float(-log_softmax[np.arange(len(labels)), labels].mean())

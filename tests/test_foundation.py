@@ -7,7 +7,6 @@ import re
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
 
 
@@ -53,7 +52,7 @@ def test_keras_model_beats_chance_on_held_out_split(trained_run, synthetic_data)
 def test_tflite_agrees_with_keras_on_test_split(exported_run, synthetic_data):
     import tensorflow as tf
 
-    from covidxray.export.litert import TFLiteClassifier
+    from covidxray.edge.litert import TFLiteClassifier
     from covidxray.export.tflite import load_split
 
     images, _ = load_split(synthetic_data, "test")

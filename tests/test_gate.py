@@ -7,10 +7,10 @@ import json
 import cv2
 import numpy as np
 import pytest
-
 from conftest import run_cli
-from covidxray.data import radiograph_gate
-from covidxray.data.preprocess import load_gray
+
+from covidxray.edge import radiograph_gate
+from covidxray.edge.preprocess import load_gray
 
 
 def text_page(width: int = 1240, height: int = 1754, background: int = 255, ink: int = 0) -> np.ndarray:
@@ -68,7 +68,7 @@ def real_radiographs(shared) -> list:
 
 
 def test_real_radiographs_all_pass(shared_data):
-    from covidxray.data.preprocess import ImageError
+    from covidxray.edge.preprocess import ImageError
 
     checked, rejected = 0, []
     for path in real_radiographs(shared_data):

@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, VENV_BIN, have_horovod, run_cli
 from kill_worker import run_killing_one_worker
 

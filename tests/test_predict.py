@@ -12,7 +12,6 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-
 from conftest import run_cli
 from test_preprocess import write_dicom
 
@@ -149,8 +148,8 @@ def test_a_folder_is_expanded_recursively_including_suffixless_dicom(exported_ru
 def test_each_format_agrees_with_keras_on_raw_files(all_formats_run, synthetic_data):
     import tensorflow as tf
 
-    from covidxray.data.preprocess import model_input
-    from covidxray.export.predict import predict_files
+    from covidxray.edge.predict import predict_files
+    from covidxray.edge.preprocess import model_input
 
     files = held_out_images(synthetic_data, 30)
     keras = tf.keras.models.load_model(str(all_formats_run / "model.keras"), compile=False)
@@ -162,7 +161,7 @@ def test_each_format_agrees_with_keras_on_raw_files(all_formats_run, synthetic_d
 
 
 def test_dicom_encodings_of_an_image_predict_like_its_png(exported_run, synthetic_data, tmp_path):
-    from covidxray.export.predict import predict_files
+    from covidxray.edge.predict import predict_files
 
     png = held_out_images(synthetic_data, 1)[0]
     gray = cv2.imread(str(png), cv2.IMREAD_GRAYSCALE)
@@ -191,7 +190,7 @@ def test_model_choice_from_a_run_directory(all_formats_run, synthetic_data):
 
 
 def test_threads_do_not_change_results(all_formats_run, synthetic_data):
-    from covidxray.export.predict import predict_files
+    from covidxray.edge.predict import predict_files
 
     files = held_out_images(synthetic_data, 4)
     one = predict_files(files, all_formats_run / "model-int8.tflite", threads=1)
@@ -354,8 +353,8 @@ def test_images_with_no_anatomy_are_rejected_not_classified(exported_run, synthe
 
 def test_an_image_the_model_never_saw_the_like_of_is_rejected_by_its_embedding(exported_run, synthetic_data, tmp_path):
     """Smooth blobs pass every cheap check (grainy enough, wide gray range) but are nothing like the training data."""
-    from covidxray.data import radiograph_gate
-    from covidxray.export.predict import predict_files
+    from covidxray.edge import radiograph_gate
+    from covidxray.edge.predict import predict_files
 
     rng = np.random.default_rng(0)
     blobs = cv2.normalize(cv2.GaussianBlur(rng.normal(0, 1, (256, 256)), (0, 0), 4), None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
@@ -365,3 +364,22 @@ def test_an_image_the_model_never_saw_the_like_of_is_rejected_by_its_embedding(e
     results = predict_files([tmp_path / "blobs.png", *good], exported_run / "model-float32.tflite")
     assert results[0]["reason"] == "out-of-distribution" and results[0]["score"] > results[0]["limit"]
     assert all("label" in r for r in results[1:]), [r for r in results[1:] if "label" not in r]
+
+
+@pytest.mark.parametrize("trained", ["other version", "described, before versions"])
+def test_a_model_trained_with_other_preprocessing_still_predicts_with_a_warning(exported_run, synthetic_data, tmp_path, trained):
+    from covidxray.edge.preprocess import PREPROCESSING_VERSION
+
+    card = json.loads((exported_run / "model-float32.json").read_text())
+    assert card["preprocessing"] == PREPROCESSING_VERSION
+    image = str(held_out_images(synthetic_data, 1)[0])
+    assert "warning" not in run_cli("predict", "--model", str(exported_run / "model-float32.tflite"), image).stderr
+    shutil.copy(exported_run / "model-float32.tflite", tmp_path / "model-float32.tflite")
+    card["preprocessing"] = PREPROCESSING_VERSION + 1 if trained == "other version" else {"decode": "grayscale", "resize": "cv2.INTER_AREA"}
+    (tmp_path / "model-float32.json").write_text(json.dumps(card))
+    result = run_cli("predict", "--model", str(tmp_path / "model-float32.tflite"), "--json", image)
+    message = one_line(result.stderr)
+    assert result.returncode == 0 and json.loads(result.stdout)[0]["label"] in LABELS, message
+    old = f"version {PREPROCESSING_VERSION + 1}" if trained == "other version" else "older than version 1"
+    assert f"warning: {tmp_path / 'model-float32.tflite'} was trained on images made by preprocessing {old}" in message
+    assert f"this predictor does version {PREPROCESSING_VERSION}" in message

@@ -13,13 +13,21 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-
 from conftest import run_cli
+from layouts import (
+    build_ieee8023,
+    build_kaggle,
+    build_mendeley_v2,
+    build_mendeley_v3,
+    build_talo,
+    write_image,
+    zip_tree,
+)
+
 from covidxray.config import load_config
 from covidxray.data import image_cache
 from covidxray.data.prepare import prepare
 from covidxray.errors import UserError
-from layouts import build_ieee8023, build_kaggle, build_mendeley_v2, build_mendeley_v3, build_talo, write_image, zip_tree
 
 DECODE_REASON = {"corrupt": "image unreadable", "truncated": "image unreadable", "empty": "image empty"}
 
@@ -98,10 +106,10 @@ def test_copies_across_collections_are_removed_in_favour_of_the_original(collect
 def test_counts_per_split_source_and_class_add_up(collections, prepared):
     data_dir, manifest, _ = prepared
     layouts = collections["layouts"]
-    usable = {name: len(l.labels) - len(l.bad_images) for name, l in layouts.items()}
+    usable = {name: len(layout.labels) - len(layout.bad_images) for name, layout in layouts.items()}
     kept = {"kermany": usable["kermany"], "covid-chestxray": usable["covid-chestxray"], "covid19-talo": usable["covid19-talo"] - 3}
     totals = Counter()
-    for split, info in manifest["splits"].items():
+    for _split, info in manifest["splits"].items():
         totals.update(info["sources"])
         assert sum(info["classes"].values()) == info["records"] == sum(info["sources"].values())
         for source, classes in info["source_classes"].items():

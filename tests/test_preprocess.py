@@ -16,7 +16,7 @@ from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
-from covidxray.data.preprocess import ImageError, dicom_gray, load_gray, model_input
+from covidxray.edge.preprocess import ImageError, dicom_gray, load_gray, model_input
 
 
 def pydicom_file(name: str) -> str:
@@ -419,8 +419,8 @@ def test_colour_photo_and_missing_and_tiny_files_are_refused(tmp_path):
 
 
 def test_predict_input_equals_the_training_shard_pixels(synthetic_data):
-    from covidxray.data.prepare import load_manifest, shard_paths
     from covidxray.data.tfrecord import read_records
+    from covidxray.manifest import load_manifest, shard_paths
 
     size = int(load_manifest(synthetic_data)["image_size"])
     with open(synthetic_data / "splits.csv", newline="") as handle:

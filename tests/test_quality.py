@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import VENV_BIN, have_horovod, run_cli
+
 from covidxray.train.schedule import learning_rate_at
 
 PER_CLASS = {"train": 150, "test": 50}  # per class and official folder: a few hundred real images

@@ -14,13 +14,22 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from layouts import (
+    FileServer,
+    build_ieee8023,
+    build_kaggle,
+    build_mendeley_v2,
+    build_mendeley_v3,
+    build_talo,
+    tar_tree,
+    zip_tree,
+)
 
 from covidxray.config import ConfigError
-from covidxray.data.labels import HARMONISED_LABELS
 from covidxray.errors import UserError
-from covidxray.sources import SOURCE_REGISTRY, Dropped, build_source, zhanglab
+from covidxray.records import HARMONISED_LABELS, Dropped
+from covidxray.sources import SOURCE_REGISTRY, build_source, zhanglab
 from covidxray.sources.descriptors import DESCRIPTOR_DIR, load_descriptor
-from layouts import FileServer, build_ieee8023, build_kaggle, build_mendeley_v2, build_mendeley_v3, build_talo, tar_tree, zip_tree
 
 REAL_SOURCES = ("covid-chestxray", "chest-xray-pneumonia", "kermany", "covid19-talo")
 

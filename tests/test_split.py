@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
+
 from covidxray.data.labels import get_task
 from covidxray.data.split import SPLITS, make_splits, patients_overlap
-from covidxray.sources.base import Record
+from covidxray.records import Record
 
 TASK = get_task("chest3")
 LABELS = ("normal", "pneumonia/bacterial", "pneumonia/viral", "covid-19")

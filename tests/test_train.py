@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import covidxray_cmd, run_cli
-from covidxray.data.prepare import shard_paths
+
+from covidxray.manifest import shard_paths
 from covidxray.train.input import assign_shards, rank_records
 
 

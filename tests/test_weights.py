@@ -8,11 +8,11 @@ import socket
 import numpy as np
 import pytest
 import tensorflow as tf
+from layouts import FileServer
 
 from covidxray.errors import UserError
 from covidxray.train import weights
 from covidxray.train.models import build_model
-from layouts import FileServer
 
 SIZE = 32  # the backbone weights do not depend on the input size; 32 px keeps the test fast
 

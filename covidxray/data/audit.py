@@ -15,16 +15,16 @@ import csv
 import os
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from covidxray.config import DataConfig
 from covidxray.data import dedup
 from covidxray.data.image_cache import ImageCache, cache_path
 from covidxray.errors import UserError
+from covidxray.records import Record
 from covidxray.sources import covid19_talo, zhanglab
-from covidxray.sources.base import Record
 from covidxray.sources.layout import is_junk, list_images, subdirs
 
 

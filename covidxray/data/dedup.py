@@ -36,14 +36,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import cv2
 import numpy as np
 
 from covidxray.data import near_duplicates
-from covidxray.sources.base import Record
+from covidxray.records import Record
 
 HASH_VERSION = f"sha256-pixels+dct-phash-256/1+{near_duplicates.FEATURE_VERSION}"
 PHASH_INPUT = 64  # thumbnail side the DCT runs on

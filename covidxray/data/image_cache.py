@@ -31,15 +31,17 @@ import json
 import multiprocessing
 import os
 import sqlite3
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
-from covidxray.data import dedup, near_duplicates, preprocess, radiograph_gate
-from covidxray.data.image_header import DEFAULT_MAX_PIXELS
+from covidxray.data import dedup, near_duplicates
+from covidxray.edge import preprocess, radiograph_gate
+from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
+from covidxray.files import sha256_file
 
 _SCHEMA_VERSION = 3  # 3: + near-duplicate features; 2: keyed by content sha256 (1 was path, size, mtime)
 _SCHEMA = """CREATE TABLE IF NOT EXISTS images (
@@ -67,7 +69,7 @@ class Decoded:
 
 
 def cache_path(data_dir: Path, image_size: int) -> Path:
-    definition = json.dumps([preprocess.PREPROCESSING, dedup.HASH_VERSION, radiograph_gate.GATE_VERSION, _SCHEMA_VERSION], sort_keys=True)
+    definition = json.dumps([preprocess.PREPROCESSING_VERSION, dedup.HASH_VERSION, radiograph_gate.GATE_VERSION, _SCHEMA_VERSION], sort_keys=True)
     tag = hashlib.sha256(definition.encode()).hexdigest()[:12]
     return Path(data_dir) / "cache" / f"decoded-{image_size}px-{tag}.sqlite"
 
@@ -102,11 +104,7 @@ def decode_one(job: Job) -> tuple[str, bytes | None, Decoded]:
 
 def content_digest(path: str) -> bytes:
     """sha256 of the file's bytes: the cache key, so a file rewritten in place is never mistaken for its old self."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.digest()
+    return bytes.fromhex(sha256_file(path))
 
 
 def _content_or_none(path: str) -> bytes | None:
@@ -189,7 +187,7 @@ class ImageCache:
             raise
         return db
 
-    def __enter__(self) -> "ImageCache":
+    def __enter__(self) -> ImageCache:
         return self
 
     def __exit__(self, *exc) -> None:

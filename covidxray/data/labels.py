@@ -1,7 +1,8 @@
-"""Harmonised label vocabulary and the tasks that collapse it to class sets.
+"""The tasks that collapse the harmonised label vocabulary to class sets.
 
-Sources map their own findings onto HARMONISED_LABELS (fine-grained, shared by
-all sources); a task then decides which of those it uses and how they group.
+Sources map their own findings onto HARMONISED_LABELS (covidxray/records.py:
+fine-grained, shared by all sources); a task then decides which of those it
+uses and how they group.
 A label a task does not use is dropped with a counted reason, never guessed.
 """
 
@@ -9,22 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from covidxray.errors import UserError
-
-HARMONISED_LABELS = (
-    "normal",
-    "pneumonia",  # pneumonia of unstated cause
-    "pneumonia/bacterial",
-    "pneumonia/viral",
-    "pneumonia/fungal",
-    "pneumonia/other",
-    "covid-19",
-    "tuberculosis",
-    "oct/cnv",
-    "oct/dme",
-    "oct/drusen",
-    "oct/normal",
-)
+from covidxray.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -43,41 +29,34 @@ class Task:
 
 _PNEUMONIA_ANY = ("pneumonia", "pneumonia/bacterial", "pneumonia/viral", "pneumonia/fungal", "pneumonia/other")
 
-TASKS: dict[str, Task] = {
-    task.name: task
-    for task in (
-        Task(
-            "chest3",
-            ("normal", "pneumonia", "covid-19"),
-            {"normal": "normal", "covid-19": "covid-19", **{p: "pneumonia" for p in _PNEUMONIA_ANY}},
-        ),
-        # Two classes for the Kaggle/Kermany pediatric benchmark: every pneumonia cause is "pneumonia".
-        Task(
-            "pneumonia",
-            ("normal", "pneumonia"),
-            {"normal": "normal", **{p: "pneumonia" for p in _PNEUMONIA_ANY}},
-        ),
-        Task(
-            "chest4",
-            ("normal", "bacterial", "viral", "covid-19"),
-            {
-                "normal": "normal",
-                "pneumonia/bacterial": "bacterial",
-                "pneumonia/viral": "viral",
-                "covid-19": "covid-19",
-            },
-        ),
-        Task(
-            "oct",
-            ("cnv", "dme", "drusen", "normal"),
-            {f"oct/{c}": c for c in ("cnv", "dme", "drusen", "normal")},
-        ),
-    )
-}
+TASKS: Registry[Task] = Registry("task")
+
+
+def register_task(task: Task, description: str) -> Task:
+    return TASKS.add(task.name, task, f"{description}; classes: {', '.join(task.classes)}")
+
+
+register_task(
+    Task("chest3", ("normal", "pneumonia", "covid-19"), {"normal": "normal", "covid-19": "covid-19", **{p: "pneumonia" for p in _PNEUMONIA_ANY}}),
+    "chest X-rays: normal, pneumonia of any cause, covid-19",
+)
+register_task(
+    Task("pneumonia", ("normal", "pneumonia"), {"normal": "normal", **{p: "pneumonia" for p in _PNEUMONIA_ANY}}),
+    "the Kaggle/Kermany pediatric benchmark: every pneumonia cause is pneumonia",
+)
+register_task(
+    Task(
+        "chest4",
+        ("normal", "bacterial", "viral", "covid-19"),
+        {"normal": "normal", "pneumonia/bacterial": "bacterial", "pneumonia/viral": "viral", "covid-19": "covid-19"},
+    ),
+    "chest X-rays by cause: pneumonia of unstated cause is dropped",
+)
+register_task(
+    Task("oct", ("cnv", "dme", "drusen", "normal"), {f"oct/{c}": c for c in ("cnv", "dme", "drusen", "normal")}),
+    "retinal OCT scans (the Kermany collection's other half)",
+)
 
 
 def get_task(name: str) -> Task:
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise UserError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}") from None
+    return TASKS.get(name)

@@ -9,7 +9,7 @@ skips shards whose receipt matches the plan and whose bytes still match the
 receipt's sha256 (a damaged shard or receipt is rewritten, not trusted),
 which makes a killed run cheap to restart and yields identical shards.
 Shards are named after their content and manifest.json is replaced last, in
-one rename, so the data set switches atomically (see data/manifest.py).
+one rename, so the data set switches atomically (see covidxray/manifest.py).
 
 Nothing unusable is silent: every dropped row or file is counted per reason
 in manifest.json and listed in dropped.csv; every removed duplicate in
@@ -24,20 +24,22 @@ import json
 import os
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from covidxray.config import DataConfig
-from covidxray.data import audit, dedup, preprocess
+from covidxray.data import audit, dedup
 from covidxray.data.composition import composition
 from covidxray.data.image_cache import Decoded, ImageCache, cache_path
 from covidxray.data.labels import Task, get_task
-from covidxray.data.manifest import SHARD_DIR, file_sha256, load_manifest, write_manifest
-from covidxray.data.manifest import MANIFEST, manifest_sha256, shard_paths  # noqa: F401  (re-exported: other modules import them from here)
 from covidxray.data.split import SPLITS, make_splits, patients_overlap
+from covidxray.edge import preprocess
 from covidxray.errors import UserError
-from covidxray.sources import Dropped, Record, build_source
+from covidxray.files import atomic_open, atomic_write, sha256_file
+from covidxray.manifest import SHARD_DIR, load_manifest, write_manifest
+from covidxray.records import Dropped, Record
+from covidxray.sources import build_source
 from covidxray.sources.archive import ExtractLimits
 from covidxray.sources.descriptors import dedup_priority
 from covidxray.sources.unmapped import override_hint
@@ -94,7 +96,7 @@ def plan_shards(splits: dict[str, list[Record]], records_per_shard: int) -> list
 
 def _fingerprint(records: list[Record], task: Task, image_size: int, decoded: dict[str, Decoded]) -> str:
     """Everything a shard's bytes depend on (not where the files sit), so equal shards get equal names anywhere."""
-    digest = hashlib.sha256(json.dumps([task.name, image_size, dedup.HASH_VERSION, preprocess.PREPROCESSING]).encode())
+    digest = hashlib.sha256(json.dumps([task.name, image_size, dedup.HASH_VERSION, preprocess.PREPROCESSING_VERSION]).encode())
     for r in records:  # surrogateescape: a name made from a file name that is not UTF-8 keeps its own bytes
         line = f"{r.record_id}|{r.source}|{r.patient_id}|{r.label}|{decoded[str(r.image)].pixel_sha256.hex()}\n"
         digest.update(line.encode("utf-8", "surrogateescape"))
@@ -122,11 +124,9 @@ def _write_shard(path: Path, records: list[Record], task: Task, cache: ImageCach
         "fingerprint": fingerprint,
         "records": written,
         "bytes": path.stat().st_size,
-        "sha256": file_sha256(path),
+        "sha256": sha256_file(path),
     }
-    tmp = path.with_suffix(".json.partial")
-    tmp.write_text(json.dumps(receipt, indent=1))
-    os.replace(tmp, path.with_suffix(".json"))
+    atomic_write(path.with_suffix(".json"), json.dumps(receipt, indent=1))
     return receipt
 
 
@@ -141,19 +141,17 @@ def _receipt_if_done(path: Path, fingerprint: str, log: Callable[[str], None]) -
     except (ValueError, TypeError, KeyError) as err:
         log(f"shard receipt {receipt_path} is damaged ({err.__class__.__name__}); rewriting {path.name}")
         return None
-    if done and receipt.get("sha256") != file_sha256(path):
+    if done and receipt.get("sha256") != sha256_file(path):
         log(f"shard {path} is damaged (its sha256 differs from its receipt); rewriting it")
         return None
     return receipt if done else None
 
 
 def _write_csv(path: Path, header: list[str], rows) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w", newline="", errors="backslashreplace") as handle:  # file names that are not UTF-8 stay readable
+    with atomic_open(path, "w", newline="", errors="backslashreplace") as handle:  # file names that are not UTF-8 stay readable
         writer = csv.writer(handle)
         writer.writerow(header)
         writer.writerows(rows)
-    os.replace(tmp, path)
 
 
 def write_split_table(path: Path, splits: dict[str, list[Record]], task: Task) -> None:
@@ -322,7 +320,7 @@ def build_manifest(config: DataConfig, task: Task, splits, receipts: list[dict],
         "task": task.name,
         "labels": list(task.classes),
         "image_size": config.image_size,
-        "preprocessing": preprocess.PREPROCESSING,
+        "preprocessing": preprocess.PREPROCESSING_VERSION,
         "splits": per_split,
         "patient_disjoint": not patients_overlap(splits),
         "composition": composition(per_split, list(task.classes), config.shortcut_warning_share),

@@ -20,13 +20,13 @@ with a held-out image) goes to test as a whole, and is counted in the report.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
 from covidxray.data.labels import Task
 from covidxray.errors import UserError
-from covidxray.sources.base import Record
+from covidxray.records import Record
 
 SPLITS = ("train", "val", "test")
 SPLIT_MODES = ("patient", "source")

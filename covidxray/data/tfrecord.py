@@ -8,11 +8,12 @@ that is not valid UTF-8 keeps its raw bytes (surrogateescape) both ways.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import tensorflow as tf
+
+from covidxray.files import atomic_path
 
 FEATURES = {
     "image": tf.io.FixedLenFeature([], tf.string),
@@ -44,17 +45,15 @@ def make_example(png: bytes, label: int, patient_id: str, source: str, record_id
 
 def write_shard(path: Path, examples: Iterable[bytes]) -> int:
     """Write atomically: a shard either exists complete or not at all. A failed write (a full disk) is an OSError."""
-    tmp = Path(str(path) + ".partial")
     count = 0
-    try:
-        with tf.io.TFRecordWriter(str(tmp)) as writer:
-            for example in examples:
-                writer.write(example)
-                count += 1
-    except tf.errors.OpError as err:
-        tmp.unlink(missing_ok=True)
-        raise OSError(f"{tmp}: {err.message}") from None
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        try:
+            with tf.io.TFRecordWriter(str(tmp)) as writer:
+                for example in examples:
+                    writer.write(example)
+                    count += 1
+        except tf.errors.OpError as err:
+            raise OSError(f"{tmp}: {err.message}") from None
     return count
 
 

@@ -11,6 +11,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from covidxray.files import atomic_write
+
 BYTES_PER_LINE = 12
 _HEX = [f"0x{value:02x}" for value in range(256)]
 
@@ -60,6 +62,6 @@ def write_c_array(tflite_path: Path, labels: list[str], image_size: int) -> tupl
     """model-int8.tflite -> model-int8.cc + model-int8.h beside it."""
     data = tflite_path.read_bytes()
     source, header = tflite_path.with_suffix(".cc"), tflite_path.with_suffix(".h")
-    header.write_text(header_text(header.name, tflite_path.name, hashlib.sha256(data).hexdigest(), labels, image_size))
-    source.write_text(source_text(data, header.name, labels))
+    atomic_write(header, header_text(header.name, tflite_path.name, hashlib.sha256(data).hexdigest(), labels, image_size))
+    atomic_write(source, source_text(data, header.name, labels))
     return source, header

@@ -8,7 +8,7 @@ bounded 1-D search), and stored in the sidecar; predict applies it. T > 1
 softens an overconfident model, T < 1 sharpens an underconfident one; the
 top-1 class never changes.
 
-numpy only for applying (predict on a Pi); fitting also uses scipy, a
+Applying T is covidxray/edge/calibration.py (numpy only, predict on a Pi); fitting also uses scipy, a
 dependency of scikit-learn on the training machine.
 """
 
@@ -16,18 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from covidxray.edge.calibration import apply_temperature
 from covidxray.train.metrics import expected_calibration_error
 
 # The search range for T: wide enough for any real model (a model that needs T beyond it is broken).
 LOG_T_BOUNDS = (np.log(0.05), np.log(20.0))
-
-
-def apply_temperature(probabilities: np.ndarray, temperature: float, floor: float) -> np.ndarray:
-    """softmax(log(max(p, floor)) / T) row-wise; `floor` keeps log finite (int8 outputs hold exact zeros)."""
-    logits = np.log(np.maximum(np.asarray(probabilities, dtype=np.float64), floor)) / temperature
-    logits -= logits.max(axis=-1, keepdims=True)
-    scaled = np.exp(logits)
-    return scaled / scaled.sum(axis=-1, keepdims=True)
 
 
 def negative_log_likelihood(probabilities: np.ndarray, labels: np.ndarray) -> float:

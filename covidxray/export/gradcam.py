@@ -8,13 +8,14 @@ gradient to nothing. Needs TensorFlow: only `predict --explain` imports this.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import cv2
 import numpy as np
 import tensorflow as tf
 
+from covidxray.edge.litert import TFLiteClassifier
 from covidxray.errors import UserError
 
 HEAT_WEIGHT = 0.45  # share of the colour map in the overlay; the X-ray stays readable beneath
@@ -79,6 +80,20 @@ def overlay(gray: np.ndarray, heat: np.ndarray) -> np.ndarray:
     colour = cv2.applyColorMap(np.round(np.clip(heat, 0, 1) * 255).astype(np.uint8), cv2.COLORMAP_JET)
     base = cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR)
     return cv2.addWeighted(base, 1 - HEAT_WEIGHT, colour, HEAT_WEIGHT, 0)
+
+
+def gradcam_for(out_dir: Path, keras_model: Path | None = None) -> Callable[[TFLiteClassifier], GradCamWriter]:
+    """Predict's explainer: Grad-CAM on the Keras model the sidecar names (beside the .tflite) unless `keras_model` overrides it."""
+
+    def make(classifier: TFLiteClassifier) -> GradCamWriter:
+        model = keras_model
+        if model is None:
+            if "keras_model" not in classifier.card:
+                raise UserError(f"the sidecar of {classifier.path} names no Keras model: give --keras-model")
+            model = classifier.path.parent / classifier.card["keras_model"]
+        return GradCamWriter(model, out_dir, classifier.image_size)
+
+    return make
 
 
 class GradCamWriter:

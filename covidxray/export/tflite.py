@@ -13,31 +13,36 @@ calibrated probabilities predict will show, against the Keras model.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import itertools
+import json
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
 
 from covidxray.config import Config
-from covidxray.data.prepare import load_manifest, manifest_sha256, shard_paths
 from covidxray.data.tfrecord import read_records
+from covidxray.edge import ood
+from covidxray.edge.litert import EMBEDDING_OUTPUT, TFLiteClassifier
+from covidxray.edge.native_stderr import native_stderr_to
 from covidxray.errors import UserError
-from covidxray.export import ood
 from covidxray.export.c_array import write_c_array
 from covidxray.export.calibration import calibration_summary
-from covidxray.export.litert import EMBEDDING_OUTPUT, TFLiteClassifier, sidecar_path, tflite_name
-from covidxray.export.native_stderr import native_stderr_to
-from covidxray.train.trainer import MODEL_CARD, MODEL_FILE, write_json
-
-FORMATS = ("float32", "float16", "int8")
-SAVED_MODEL_DIR = "saved_model"
-REPORT_FILE = "export_report.json"
-CONVERTER_LOG = "export_converter.log"
+from covidxray.export.formats import FORMATS, check_formats
+from covidxray.files import atomic_path, atomic_write
+from covidxray.manifest import check_model_matches, manifest_sha256, shard_paths
+from covidxray.run_folder import (
+    CONVERTER_LOG,
+    EXPORT_REPORT,
+    MODEL_CARD,
+    MODEL_FILE,
+    SAVED_MODEL_DIR,
+    sidecar_path,
+    tflite_name,
+    write_json,
+)
 
 
 def iter_split(data_dir: Path, split: str) -> Iterator[tuple[np.ndarray, int]]:
@@ -53,13 +58,6 @@ def load_split(data_dir: Path, split: str, limit: int | None = None) -> tuple[np
     if not images:
         raise UserError(f"{data_dir}: the {split} split is empty; export needs it (test for parity, train for int8 calibration)")
     return np.stack(images), np.array(labels)
-
-
-def check_formats(formats: list[str]) -> list[str]:
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown or not formats:
-        raise UserError(f"export formats {formats}: choose one or more of {', '.join(FORMATS)}")
-    return list(dict.fromkeys(formats))  # keep order, drop repeats
 
 
 def with_embedding(model: tf.keras.Model) -> tf.keras.Model:
@@ -99,49 +97,17 @@ def fit_calibration_and_ood(classifier: TFLiteClassifier, data_dir: Path, margin
 
 def write_saved_model(model: tf.keras.Model, run_dir: Path) -> Path:
     """Atomic: a half-written SavedModel never sits at the final path."""
-    final, tmp = run_dir / SAVED_MODEL_DIR, run_dir / f".{SAVED_MODEL_DIR}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tf.saved_model.save(model, str(tmp))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    final = run_dir / SAVED_MODEL_DIR
+    with atomic_path(final) as tmp:
+        tf.saved_model.save(model, str(tmp))
+        shutil.rmtree(final, ignore_errors=True)  # a folder replaces only an absent one
     return final
 
 
 def convert(saved_model: Path, fmt: str, representative: np.ndarray | None = None) -> bytes:
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
-    if fmt == "float16":
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.target_spec.supported_types = [tf.float16]
-    elif fmt == "int8":
-        def samples():
-            for image in representative:
-                yield [image[None].astype(np.float32)]
-
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.representative_dataset = samples
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        converter.inference_input_type = tf.uint8  # gray pixels 0..255 are exactly uint8
-        converter.inference_output_type = tf.uint8
+    FORMATS.get(fmt).configure(converter, representative)
     return converter.convert()
-
-
-def _write_atomic(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_bytes(payload)
-    os.replace(tmp, path)
-
-
-def _check_data_matches(card: dict, data_dir: Path, say: Callable[[str], None]) -> str:
-    manifest = load_manifest(data_dir)
-    if manifest["labels"] != card["labels"] or int(manifest["image_size"]) != int(card["image_size"]):
-        raise UserError(
-            f"{data_dir} holds {manifest['labels']} at {manifest['image_size']} px but the model was trained on "
-            f"{card['labels']} at {card['image_size']} px: point --data-dir at the data it was trained on"
-        )
-    digest = manifest_sha256(data_dir)
-    if digest != card.get("manifest_sha256"):
-        say(f"[yellow]warning[/]: {data_dir} is not the exact data set the model was trained on (manifest hash differs); its test split may overlap training images")
-    return digest
 
 
 def export(config: Config, say: Callable[[str], None] = print) -> dict:
@@ -152,11 +118,13 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     if not model_path.is_file() or not card_path.is_file():
         raise UserError(f"no trained model in {run_dir} ({MODEL_FILE}, {MODEL_CARD}): run `covidxray train` first")
     card = json.loads(card_path.read_text())
-    data_digest = _check_data_matches(card, data_dir, say)
+    _, same_data = check_model_matches(card, data_dir)
+    if not same_data:
+        say(f"[yellow]warning[/]: {data_dir} is not the exact data set the model was trained on (manifest hash differs); its test split may overlap training images")
     model = tf.keras.models.load_model(str(model_path), compile=False)
     test_images, test_labels = load_split(data_dir, "test")
     keras_pred = model.predict(test_images, batch_size=64, verbose=0).argmax(1)
-    representative = load_split(data_dir, "train", config.export.representative_samples)[0] if "int8" in formats else None
+    representative = load_split(data_dir, "train", config.export.representative_samples)[0] if any(FORMATS.get(f).needs_representative for f in formats) else None
     log = run_dir / CONVERTER_LOG
     log.unlink(missing_ok=True)
     with native_stderr_to(log):
@@ -167,7 +135,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         "keras": {"file": MODEL_FILE, "bytes": model_path.stat().st_size, "accuracy": float((keras_pred == test_labels).mean())},
         "saved_model": SAVED_MODEL_DIR,
         "test_images": len(test_labels),
-        "data_manifest_sha256": data_digest,
+        "data_manifest_sha256": manifest_sha256(data_dir),
         "training_manifest_sha256": card.get("manifest_sha256"),
         "int8_min_agreement": config.export.int8_min_agreement,
     }
@@ -175,12 +143,12 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         with native_stderr_to(log):
             flatbuffer = convert(saved_model, fmt, representative)
         out = run_dir / tflite_name(fmt)
-        _write_atomic(out, flatbuffer)
+        atomic_write(out, flatbuffer)
         sidecar = {**card, "format": fmt, "tflite_sha256": hashlib.sha256(flatbuffer).hexdigest(), "keras_model": MODEL_FILE}
         sidecar.update(fit_calibration_and_ood(TFLiteClassifier(out, card=sidecar), data_dir, config.export.ood_margin))
         classifier = TFLiteClassifier(out, card=sidecar)  # calibrated, as predict will run it
-        lite_probs, test_embeddings = zip(*(classifier.infer(image) for image in test_images))
-        lite_pred = classifier.calibrated(np.array(lite_probs)).argmax(1)
+        lite_probs, test_embeddings, _ = _run_split(classifier, data_dir, "test")
+        lite_pred = classifier.calibrated(lite_probs).argmax(1)
         entry = {
             "file": out.name,
             "bytes": len(flatbuffer),
@@ -189,7 +157,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             "temperature": sidecar["temperature"]["value"],
             "val_ece_before_after": [sidecar["temperature"]["ece_before"], sidecar["temperature"]["ece_after"]],
             "ood_threshold": sidecar["ood"]["threshold"],
-            "test_over_ood_threshold": float((classifier.ood.distances(np.array(test_embeddings)) > classifier.ood.threshold).mean()),
+            "test_over_ood_threshold": float((classifier.ood.distances(test_embeddings) > classifier.ood.threshold).mean()),
         }
         entry["accuracy_delta"] = entry["accuracy"] - report["keras"]["accuracy"]
         sidecar["parity"] = {"test_images": len(test_labels), **{k: entry[k] for k in ("agreement", "accuracy", "accuracy_delta")}}
@@ -204,12 +172,12 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             f"(val ECE {entry['val_ece_before_after'][0]:.3f} -> {entry['val_ece_before_after'][1]:.3f}), "
             f"test images beyond the out-of-distribution threshold {entry['test_over_ood_threshold']:.2%}"
         )
-    write_json(run_dir / REPORT_FILE, report)
+    write_json(run_dir / EXPORT_REPORT, report)
     if not report.get("int8", {}).get("meets_bar", True):
         raise UserError(
             f"int8 model agrees with Keras on only {report['int8']['agreement']:.2%} of the test split "
             f"(bar: export.int8_min_agreement={config.export.int8_min_agreement:.2%}); do not deploy "
             f"{run_dir / tflite_name('int8')}. Try more calibration images (export.representative_samples) "
-            f"or deploy float16; see {run_dir / REPORT_FILE}"
+            f"or deploy float16; see {run_dir / EXPORT_REPORT}"
         )
     return report

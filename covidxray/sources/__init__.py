@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from covidxray.config import ConfigError, from_dict
+from covidxray.config import from_dict
 from covidxray.sources import (  # noqa: F401  (importing registers)
     chest_xray_pneumonia,
     covid19_talo,
@@ -15,14 +15,11 @@ from covidxray.sources import (  # noqa: F401  (importing registers)
     kermany,
     synthetic,
 )
-from covidxray.sources.base import SOURCE_REGISTRY, Dropped, Record, Source, SourceOptions
+from covidxray.sources.base import SOURCE_REGISTRY, Source, SourceOptions
 
-__all__ = ["SOURCE_REGISTRY", "Dropped", "Record", "Source", "SourceOptions", "build_source"]
+__all__ = ["SOURCE_REGISTRY", "Source", "SourceOptions", "build_source"]
 
 
 def build_source(name: str, options: dict[str, Any] | None = None) -> Source:
-    try:
-        cls = SOURCE_REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown source {name!r}; available: {', '.join(sorted(SOURCE_REGISTRY))}") from None
+    cls = SOURCE_REGISTRY.get(name)
     return cls(from_dict(cls.Options, dict(options or {}), f"data.sources.{name}"))

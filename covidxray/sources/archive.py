@@ -24,9 +24,9 @@ import stat
 import tarfile
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from covidxray.errors import UserError
 
@@ -44,7 +44,7 @@ class ExtractLimits:
     max_ratio: float
 
     @classmethod
-    def of(cls, data_config=None) -> "ExtractLimits":
+    def of(cls, data_config=None) -> ExtractLimits:
         """The limits of `data_config` (a DataConfig), or the defaults."""
         from covidxray.config import DataConfig
 

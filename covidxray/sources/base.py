@@ -9,40 +9,15 @@ is shared pipeline code and never special-cases a source.
 from __future__ import annotations
 
 import dataclasses
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
-
-@dataclass(frozen=True)
-class Record:
-    """One image of one patient, as a source describes it.
-
-    `label` is the source's own finding, already mapped to the harmonised
-    vocabulary of `covidxray.data.labels` (e.g. "normal", "pneumonia/bacterial",
-    "covid-19", "oct/cnv"); tasks later collapse it to their class set.
-    `patient_id` is namespaced by source so ids never collide across sources.
-    """
-
-    image: Path
-    label: str
-    patient_id: str
-    source: str
-    view: str = "PA"
-    original_split: str = ""
-
-    @property
-    def record_id(self) -> str:
-        return f"{self.source}:{self.image.name}:{self.patient_id}"
-
-
-@dataclass(frozen=True)
-class Dropped:
-    """A row or file a source could not turn into a Record, and why."""
-
-    reason: str
-    where: str
-    detail: str = ""
+from covidxray.config import ConfigError
+from covidxray.records import Dropped, Record
+from covidxray.registry import Registry, first_line
 
 
 @dataclass
@@ -81,15 +56,11 @@ class Source:
         return [f.name for f in dataclasses.fields(cls.Options)]
 
 
-SOURCE_REGISTRY: dict[str, type[Source]] = {}
+SOURCE_REGISTRY: Registry[type[Source]] = Registry("source", ConfigError)  # a source is named in data.sources
 
 
 def register_source(cls: type[Source]) -> type[Source]:
-    """Class decorator: make an adapter reachable by its `name` from config and CLI."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in SOURCE_REGISTRY:
-        raise ValueError(f"source {cls.name!r} registered twice")
-    SOURCE_REGISTRY[cls.name] = cls
-    return cls
+    """Class decorator: make an adapter reachable by its `name` from config and CLI (described by its module's docstring)."""
+    options = ", ".join(cls.option_names())
+    return SOURCE_REGISTRY.add(cls.name, cls, f"{first_line(sys.modules[cls.__module__].__doc__)} Options: {options}.")
 

@@ -13,14 +13,16 @@ from __future__ import annotations
 import contextlib
 import io
 import socket
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from covidxray.errors import UserError
+from covidxray.files import sha256_file
+from covidxray.records import Dropped, Record
 from covidxray.sources import zhanglab
-from covidxray.sources.base import Dropped, Record, register_source
+from covidxray.sources.base import register_source
 from covidxray.sources.descriptors import Archive
-from covidxray.sources.download import say_stderr, sha256_file, verify_sha256
+from covidxray.sources.download import say_stderr, verify_sha256
 from covidxray.sources.fetch import DescribedSource
 
 CREDENTIALS_HELP = (

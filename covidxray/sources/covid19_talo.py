@@ -18,12 +18,13 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Iterator
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Iterator
 
-from covidxray.sources.base import Dropped, Record, register_source
+from covidxray.records import Dropped, Record
+from covidxray.sources.base import register_source
 from covidxray.sources.fetch import DescribedSource
 from covidxray.sources.layout import list_images, subdirs
 

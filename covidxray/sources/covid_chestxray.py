@@ -12,19 +12,20 @@ lateral view or, before the modality column existed, a CT slice.
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
 from covidxray.config import setting
 from covidxray.errors import UserError
-from covidxray.sources.base import Dropped, Record, SourceOptions, register_source
+from covidxray.records import VOLUME_SUFFIXES, Dropped, Record
+from covidxray.sources.base import SourceOptions, register_source
 from covidxray.sources.fetch import DescribedSource, DownloadOptions
 from covidxray.sources.unmapped import unknown_finding
 
 METADATA = "metadata.csv"
 REQUIRED = ("patientid", "finding", "filename")  # `view` is missing from the earliest versions
-VOLUME_SUFFIXES = (".nii", ".nii.gz", ".mha", ".nrrd")
 UNKNOWN_VIEWS = ("", "?")
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import yaml
 
-from covidxray.data.labels import HARMONISED_LABELS
 from covidxray.errors import UserError
+from covidxray.records import HARMONISED_LABELS
 
 DESCRIPTOR_DIR = Path(__file__).resolve().parents[1] / "datasets"  # symlink to the top-level datasets/ in a checkout
 UNKNOWN = "unknown"
@@ -148,7 +148,7 @@ def parse_descriptor(name: str, raw: dict) -> Descriptor:
     )
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_descriptor(name: str) -> Descriptor:
     path = DESCRIPTOR_DIR / f"{name}.yaml"
     if not path.is_file():

@@ -10,17 +10,17 @@ always complete.
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import os
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from covidxray.errors import UserError
+from covidxray.files import sha256_file
 
 CHUNK = 1 << 20
 USER_AGENT = "covidxray-fetch/0.1 (python urllib)"
@@ -34,14 +34,6 @@ def say_stderr(message: str) -> None:
 
 class _Retry(Exception):
     """A transient failure: the link dropped or the server had a bad moment."""
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class _Meter:

@@ -8,13 +8,14 @@ so a chest run never downloads or walks 100k OCT scans.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from covidxray.config import ConfigError
+from covidxray.records import Dropped, Record
 from covidxray.sources import zhanglab
-from covidxray.sources.base import Dropped, Record, SourceOptions, register_source
+from covidxray.sources.base import SourceOptions, register_source
 from covidxray.sources.descriptors import Archive
 from covidxray.sources.fetch import DescribedSource, DownloadOptions
 

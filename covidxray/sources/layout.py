@@ -9,11 +9,10 @@ helpers make all of that one rule instead of one per adapter.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
-from covidxray.data.preprocess import IMAGE_SUFFIXES
-from covidxray.sources.base import Dropped
+from covidxray.records import IMAGE_SUFFIXES, Dropped
 
 MACOS_JUNK_DIR = "__MACOSX"
 

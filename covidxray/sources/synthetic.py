@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import cv2
 import numpy as np
 
 from covidxray.errors import UserError
-from covidxray.sources.base import Dropped, Record, Source, SourceOptions, register_source
+from covidxray.records import Dropped, Record
+from covidxray.sources.base import Source, SourceOptions, register_source
 
 LABELS = ("normal", "pneumonia/bacterial", "pneumonia/viral", "covid-19")
 _INDEX = "labels.csv"
@@ -76,7 +77,7 @@ def _finding(label: str, size: int, lungs: tuple[np.ndarray, np.ndarray], anatom
         return 60 * cv2.GaussianBlur(streaks, (0, 0), size * 0.006) * both
     if label == "covid-19":
         patches = np.zeros((size, size), np.float32)
-        for side, mask in ((-1, left), (1, right)):
+        for side, _mask in ((-1, left), (1, right)):
             for _ in range(rng.integers(2, 4)):
                 cx = 0.5 + side * (anatomy["lung_dx"] + anatomy["lung_w"] * rng.uniform(0.35, 0.75))
                 cy = anatomy["lung_cy"] + anatomy["lung_h"] * rng.uniform(-0.3, 0.7)

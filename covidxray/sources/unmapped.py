@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 import shlex
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
-from covidxray.data.labels import HARMONISED_LABELS
-from covidxray.sources.base import Dropped
+from covidxray.records import HARMONISED_LABELS, Dropped
 
 UNKNOWN_FINDING = "unknown finding"
 PLACEHOLDER = "LABEL"

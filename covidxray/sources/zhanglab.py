@@ -31,10 +31,10 @@ Evidence from the full Kaggle listing (5856 files, checked 2026-12-03):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-from covidxray.sources.base import Dropped, Record
+from covidxray.records import Dropped, Record
 from covidxray.sources.descriptors import Descriptor
 from covidxray.sources.layout import list_images, subdirs
 

@@ -19,7 +19,7 @@ averages are combined, so all replicas end up with the same statistics.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import tensorflow as tf
 

@@ -11,12 +11,12 @@ a generalisation figure and is labelled so.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from covidxray.data.prepare import shard_paths
+from covidxray.manifest import shard_paths
 from covidxray.train.metrics import expected_calibration_error
 
 UNSEEN = "unseen source"

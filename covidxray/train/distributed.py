@@ -21,8 +21,9 @@ import io
 import os
 import shutil
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -98,7 +99,7 @@ class StaticState:
     uses (`training`, `sync`, `commit`), so the trainer has a single code path.
     """
 
-    def __init__(self, world: "World", model: tf.keras.Model, optimizer, training: TrainingState):
+    def __init__(self, world: World, model: tf.keras.Model, optimizer, training: TrainingState):
         self._world, self._model, self._optimizer, self.training = world, model, optimizer, training
 
     def sync(self) -> None:

@@ -15,21 +15,29 @@ collection an image came from instead of the disease (see docs/datasets.md).
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from covidxray.config import Config
-from covidxray.data.prepare import load_manifest, manifest_sha256, shard_paths
 from covidxray.errors import UserError
+from covidxray.files import atomic_path
+from covidxray.manifest import check_model_matches, shard_paths
+from covidxray.run_folder import EVALUATION, MODEL_CARD, MODEL_FILE, write_json
 from covidxray.train.by_source import UNSEEN, per_source_report, split_sources
-from covidxray.train.metrics import (binary_rates, classwise_expected_calibration_error, confusion_matrix, expected_calibration_error,
-                                     macro_auc, reliability_bins, roc_auc, roc_curve, youden_threshold)
-from covidxray.train.trainer import MODEL_CARD, MODEL_FILE, write_json
+from covidxray.train.metrics import (
+    binary_rates,
+    classwise_expected_calibration_error,
+    confusion_matrix,
+    expected_calibration_error,
+    macro_auc,
+    reliability_bins,
+    roc_auc,
+    roc_curve,
+    youden_threshold,
+)
 
-EVALUATION = "evaluation.json"
 ROC_PLOT = "roc.png"
 CONFUSION_PLOT = "confusion.png"
 RELIABILITY_PLOT = "reliability.png"
@@ -38,17 +46,12 @@ BATCH = 64
 
 
 def predict_split(model, data_dir: Path, split: str, image_size: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    from covidxray.train.input import make_dataset
+    from covidxray.train.input import make_dataset, predict_batches
 
     paths = shard_paths(data_dir, split)
     if not paths:
         return np.zeros((0, num_classes), np.float32), np.zeros(0, np.int64)
-    dataset, _ = make_dataset(paths, image_size, num_classes, BATCH)
-    probabilities, labels = [], []
-    for images, one_hot in dataset:
-        probabilities.append(model.predict_on_batch(images))
-        labels.append(np.argmax(one_hot, axis=1))
-    return np.concatenate(probabilities), np.concatenate(labels)
+    return predict_batches(model, make_dataset(paths, image_size, num_classes, BATCH)[0], num_classes)
 
 
 def choose_thresholds(labels: np.ndarray, probabilities: np.ndarray) -> list[float | None]:
@@ -92,9 +95,8 @@ def calibration_report(labels: np.ndarray, probabilities: np.ndarray, bins: int 
 
 
 def _save_figure(figure, path: Path) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    figure.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
 
 
 def plot_roc(path: Path, labels: np.ndarray, probabilities: np.ndarray, report: dict) -> None:
@@ -166,11 +168,7 @@ def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
     if not model_path.is_file() or not card_path.is_file():
         raise UserError(f"no trained model in {run_dir} ({MODEL_FILE}, {MODEL_CARD}): run `covidxray train` first")
     card = json.loads(card_path.read_text())
-    manifest = load_manifest(data_dir)
-    if manifest["labels"] != card["labels"]:
-        raise UserError(f"{data_dir} has labels {manifest['labels']} but the model in {run_dir} predicts {card['labels']}: evaluate on data of the same task")
-    if int(manifest["image_size"]) != int(card["image_size"]):
-        raise UserError(f"{data_dir} holds {manifest['image_size']} px images, the model expects {card['image_size']} px: prepare with --image-size {card['image_size']}")
+    manifest, same_data = check_model_matches(card, data_dir)
     if not manifest["splits"]["test"]["records"]:
         raise UserError(f"{data_dir}: the test split is empty")
 
@@ -192,7 +190,7 @@ def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
                        "val_images": int(val_labels.size), "per_class": dict(zip(names, thresholds))},
         "model": {"file": str(model_path), "architecture": card.get("model"), "best_epoch": card.get("best", {}).get("epoch")},
         "data_dir": str(data_dir),
-        "data_is_training_data": card.get("manifest_sha256") == manifest_sha256(data_dir),
+        "data_is_training_data": same_data,
     })
     write_json(run_dir / EVALUATION, report)
     plot_roc(run_dir / ROC_PLOT, test_labels, test_probs, report)

@@ -118,3 +118,14 @@ def make_dataset(
         options.threading.private_threadpool_size = threads
         ds = ds.with_options(options)
     return ds, shards
+
+
+def predict_batches(model: tf.keras.Model, dataset: tf.data.Dataset, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(probabilities, true class indices) of one pass over batches of (image, one-hot label); empty arrays for none."""
+    probabilities, labels = [], []
+    for images, one_hot in dataset:
+        probabilities.append(model.predict_on_batch(images))
+        labels.append(np.argmax(one_hot, axis=1))
+    if not probabilities:
+        return np.zeros((0, num_classes), np.float32), np.zeros(0, np.int64)
+    return np.concatenate(probabilities), np.concatenate(labels)

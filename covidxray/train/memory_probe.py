@@ -43,7 +43,7 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     import tensorflow as tf
 
     from covidxray.config import load_config
-    from covidxray.data.prepare import load_manifest, shard_paths
+    from covidxray.manifest import load_manifest, shard_paths
     from covidxray.train.distributed import HorovodTuning, configure_threads, standalone_gradient_averager
     from covidxray.train.input import make_dataset
     from covidxray.train.models import build_model

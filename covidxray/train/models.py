@@ -13,28 +13,32 @@ backbones expect 0..255 RGB with `include_preprocessing` (the Keras 2.15
 default). MobileNetV3 rescales to -1..1 itself; EfficientNet divides by 255
 and then applies its Normalization layer (ImageNet mean/std with imagenet
 weights, identity otherwise). Equal channels are a gray image in that range.
+
+TensorFlow is imported when a model is built, not when this module is
+imported, so the command line can list the models (and build its help from
+them) on a board without TensorFlow.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
-
-import tensorflow as tf
+from typing import TYPE_CHECKING
 
 from covidxray.errors import UserError
+from covidxray.registry import Registry, first_line
 from covidxray.train.weights import IMAGENET, cached_imagenet_file
 
-layers = tf.keras.layers
-MODEL_REGISTRY: dict[str, Callable[..., tf.keras.Model]] = {}
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+Builder = Callable[[int, int, str], "tf.keras.Model"]  # (image_size, num_classes, weights) -> model
+MODEL_REGISTRY: Registry[Builder] = Registry("model")
 
 
-def register_model(name: str):
-    def decorate(builder):
-        MODEL_REGISTRY[name] = builder
-        return builder
-
-    return decorate
+def register_model(name: str, description: str = ""):
+    """Decorator: `builder` becomes train.model `name`, described by `description` or its docstring's first line."""
+    return lambda builder: MODEL_REGISTRY.add(name, builder, description or first_line(builder.__doc__))
 
 
 def _checked_weights(weights: str) -> str | None:
@@ -48,6 +52,9 @@ def _checked_weights(weights: str) -> str | None:
 @register_model("small_cnn")
 def small_cnn(image_size: int, num_classes: int, weights: str = "") -> tf.keras.Model:
     """The seed's baseline: Conv32-Pool-Conv64-Pool-Dense512."""
+    import tensorflow as tf
+
+    layers = tf.keras.layers
     inputs = layers.Input((image_size, image_size, 1), name="image")
     x = layers.Rescaling(1.0 / 255)(inputs)
     x = layers.Conv2D(32, 3, activation="relu")(x)
@@ -69,8 +76,14 @@ def small_cnn(image_size: int, num_classes: int, weights: str = "") -> tf.keras.
     return model
 
 
-def _application(backbone_fn, name: str):
+def _application(application: str, name: str) -> Builder:
+    """A Keras application (`tf.keras.applications.<application>`) under a new gray-input, softmax head."""
+
     def build(image_size: int, num_classes: int, weights: str = "") -> tf.keras.Model:
+        import tensorflow as tf
+
+        layers = tf.keras.layers
+        backbone_fn = getattr(tf.keras.applications, application)
         inputs = layers.Input((image_size, image_size, 1), name="image")
         rgb = layers.Concatenate()([inputs, inputs, inputs])  # backbones expect 3 channels of 0..255
         weights_file = cached_imagenet_file(name) if weights == IMAGENET else _checked_weights(weights)
@@ -85,13 +98,11 @@ def _application(backbone_fn, name: str):
     return build
 
 
-register_model("mobilenet_v3_small")(_application(tf.keras.applications.MobileNetV3Small, "mobilenet_v3_small"))
-register_model("efficientnet_b0")(_application(tf.keras.applications.EfficientNetB0, "efficientnet_b0"))
+register_model("mobilenet_v3_small", "MobileNetV3-Small backbone under a gray-input softmax head (ImageNet weights available)")(
+    _application("MobileNetV3Small", "mobilenet_v3_small"))
+register_model("efficientnet_b0", "EfficientNet-B0 backbone under a gray-input softmax head (ImageNet weights available)")(
+    _application("EfficientNetB0", "efficientnet_b0"))
 
 
 def build_model(name: str, image_size: int, num_classes: int, weights: str = "") -> tf.keras.Model:
-    try:
-        builder = MODEL_REGISTRY[name]
-    except KeyError:
-        raise UserError(f"unknown model {name!r}; available: {', '.join(sorted(MODEL_REGISTRY))}") from None
-    return builder(image_size, num_classes, weights)
+    return MODEL_REGISTRY.get(name)(image_size, num_classes, weights)

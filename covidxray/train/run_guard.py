@@ -18,12 +18,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from covidxray.config import Config
-from covidxray.data.manifest import MANIFEST, content_sha256, describe_shard_problems, shard_paths, shard_problems
 from covidxray.errors import UserError
+from covidxray.manifest import MANIFEST, content_sha256, describe_shard_problems, shard_paths, shard_problems
+from covidxray.run_folder import write_json
 from covidxray.train.input import assign_shards
 
 RUN_INPUTS = "run_inputs.json"  # the data set and settings this run's checkpoints were trained with
@@ -85,6 +86,4 @@ def check_before_training(world, config: Config, data_dir: Path, manifest: dict,
         mb = sum(Path(f).stat().st_size for f in files) / 1e6
         say(f"{len(files)} shard(s) ({mb:.0f} MB) verified against {MANIFEST} in {time.perf_counter() - started:.1f} s")
         run_dir.mkdir(parents=True, exist_ok=True)
-        from covidxray.train.trainer import write_json
-
         write_json(run_dir / RUN_INPUTS, inputs)

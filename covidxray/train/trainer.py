@@ -22,39 +22,39 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 
 from covidxray.config import Config
-from covidxray.data.prepare import load_manifest, manifest_sha256, shard_paths
-from covidxray.data.preprocess import PREPROCESSING
+from covidxray.edge.preprocess import PREPROCESSING_VERSION
 from covidxray.errors import UserError
+from covidxray.files import PARTIAL
+from covidxray.manifest import load_manifest, manifest_sha256, shard_paths
+from covidxray.run_folder import (
+    CHECKPOINTS,
+    CONFIG_FILE,
+    LATEST,
+    MODEL_CARD,
+    MODEL_FILE,
+    TRAIN_LOG,
+    read_latest,
+    write_json,
+    write_latest,
+)
 from covidxray.train.batchnorm import batches_per_rank, recompute_statistics
 from covidxray.train.distributed import HorovodTuning, World, check_launch_mode, init_world
 from covidxray.train.input import make_dataset
 from covidxray.train.metrics import cross_entropy, macro_auc
 from covidxray.train.models import build_model
-from covidxray.train.schedule import LearningRateSchedule
 from covidxray.train.run_guard import check_before_training
+from covidxray.train.schedule import LearningRateSchedule
 from covidxray.train.state import MONITOR, PREDICTED_CLASSES, TrainingState
 
-MODEL_FILE = "model.keras"
-MODEL_CARD = "model.json"
-TRAIN_LOG = "train_log.json"
-CHECKPOINTS = "checkpoints"
-LATEST = "latest.json"
-PARTIAL = ".partial"
 KEEP_CHECKPOINTS = 2
-
-
-def write_json(path: Path, payload: Any) -> None:
-    tmp = path.with_name(path.name + PARTIAL)
-    tmp.write_text(json.dumps(payload, indent=2))
-    os.replace(tmp, path)
 
 
 def class_weights(counts: dict[str, int], labels: list[str], power: float = 1.0) -> dict[int, float]:
@@ -177,7 +177,7 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
         os.replace(tmp, root / name)
         if training.best.get("epoch") == training.epoch:
             self.save_best_model(training.best)
-        write_json(root / LATEST, {
+        write_latest(self.run_dir, {
             "epoch": training.epoch, "path": name, "best": training.best, "epochs_since_best": training.epochs_since_best,
             "optimizer_steps": int(self.model.optimizer.iterations.numpy()),
         })
@@ -206,21 +206,13 @@ def collapse_warning(epoch: int) -> str:
 
 def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> TrainingState | None:
     """Training state of the last complete checkpoint (model and optimizer are restored in place); None if none."""
-    latest = run_dir / CHECKPOINTS / LATEST
-    if not latest.is_file():
+    saved = read_latest(run_dir)
+    if saved is None:
         return None
-    try:
-        saved = json.loads(latest.read_text())
-    except ValueError as err:
-        saved = f"not JSON: {err}"
-    if not (isinstance(saved, dict) and isinstance(saved.get("path"), str) and isinstance(saved.get("epoch"), int)):
-        detail = saved if isinstance(saved, str) else "no checkpoint path and epoch"
-        raise UserError(f"{latest} is damaged ({detail}), so the last complete checkpoint is unknown; start over without "
-                        "--resume (the checkpoint folders beside it are not trusted without it)")
     try:
         checkpoint.read(str(run_dir / CHECKPOINTS / saved["path"] / "ckpt")).assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as err:
-        raise UserError(f"{latest}: checkpoint {saved['path']} does not fit this model/config ({err}); resume with the config it was trained with") from None
+        raise UserError(f"{run_dir / CHECKPOINTS / LATEST}: checkpoint {saved['path']} does not fit this model/config ({err}); resume with the config it was trained with") from None
     log_path = run_dir / TRAIN_LOG
     try:
         history = json.loads(log_path.read_text()).get("epochs", []) if log_path.is_file() else []
@@ -282,7 +274,7 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
     state = world.make_state(model, optimizer, training)
     card = {
         "labels": labels, "image_size": image_size, "task": manifest["task"], "model": cfg.model,
-        "preprocessing": PREPROCESSING, "manifest_sha256": manifest_sha256(data_dir),
+        "preprocessing": PREPROCESSING_VERSION, "manifest_sha256": manifest_sha256(data_dir),
     }
     weights = class_weights(manifest["splits"]["train"]["classes"], labels, cfg.class_weight_power) if cfg.class_weights else None
 
@@ -301,7 +293,7 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
             recalibration = calibration_ds, batches_per_rank(cfg.bn_recalibration_images, cfg.batch_size, world.size)
         if world.is_root:  # possibly a new rank 0 on another board, whose run dir is still empty
             run_dir.mkdir(parents=True, exist_ok=True)
-            config.save(run_dir / "config.yaml")
+            config.save(run_dir / CONFIG_FILE)
         callbacks = [
             LearningRateSchedule(scaled_lr, cfg.warmup_epochs, cfg.epochs, steps_per_epoch, cfg.lr_schedule),
             EndOfEpoch(world, state, val_ds=val_ds, recalibration=recalibration, patience=cfg.early_stopping_patience,

@@ -12,10 +12,11 @@ import argparse
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
 
 from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments, parse_host_files, parse_hosts
 from horovod.runner.util.network import filter_local_addresses

@@ -18,8 +18,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # covidxray.train.input impo
 from horovod.runner.common.util.hosts import HostInfo  # noqa: E402
 from nodes import ClusterError, place_ranks  # noqa: E402
 
-from covidxray.data.prepare import MANIFEST, load_manifest, shard_paths  # noqa: E402
 from covidxray.errors import UserError  # noqa: E402
+from covidxray.manifest import MANIFEST, load_manifest, shard_paths  # noqa: E402
 from covidxray.train.input import assign_shards  # noqa: E402
 
 SHARDS = "shards"

@@ -15,7 +15,6 @@ when boards come and go, so `--all` copies every shard.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shlex
 import subprocess
@@ -24,10 +23,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from nodes import ClusterError, Ssh, add_cluster_arguments, local_hosts, main_guard, on_every_host, read_hostfile, ssh_from_args  # noqa: E402
+from nodes import (  # noqa: E402
+    ClusterError,
+    Ssh,
+    add_cluster_arguments,
+    local_hosts,
+    main_guard,
+    on_every_host,
+    read_hostfile,
+    ssh_from_args,
+)
 from shard_plan import SHARDS, HostPlan, add_plan_arguments, plan  # noqa: E402
 
-from covidxray.data.prepare import MANIFEST  # noqa: E402
+from covidxray.manifest import MANIFEST, manifest_sha256  # noqa: E402
 
 
 def missing_on_host(ssh: Ssh, host: str, root: str, expected: dict[str, int], manifest_sha: str, is_local: bool) -> list[str]:
@@ -81,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ssh = ssh_from_args(args)
     root = args.nfs or args.remote_data_dir or str(data_dir)
     local = local_hosts(p.host for p in plans)
-    manifest_sha = hashlib.sha256((data_dir / MANIFEST).read_bytes()).hexdigest()
+    manifest_sha = manifest_sha256(data_dir)
 
     def sync_one(host_plan: HostPlan) -> tuple[HostPlan, str, list[str]]:
         is_local = host_plan.host in local

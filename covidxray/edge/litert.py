@@ -16,30 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from covidxray.edge.calibration import apply_temperature
+from covidxray.edge.native_stderr import native_stderr_to
+from covidxray.edge.ood import OodModel
 from covidxray.errors import UserError
-from covidxray.export.calibration import apply_temperature
-from covidxray.export.native_stderr import native_stderr_to
-from covidxray.export.ood import OodModel
+from covidxray.run_folder import sidecar_path
 
-DEFAULT_FORMAT = "float32"
 EMBEDDING_OUTPUT = "embedding"  # the second output's signature name (covidxray/export/tflite.py)
-
-
-def sidecar_path(model_path: Path) -> Path:
-    return model_path.with_suffix(".json")
-
-
-def tflite_name(fmt: str) -> str:
-    return f"model-{fmt}.tflite"
-
-
-def resolve_model(model: Path, fmt: str | None = None) -> Path:
-    """`--model` is a .tflite or a run directory; in a directory `--format` picks the file."""
-    if model.is_dir():
-        return model / tflite_name(fmt or DEFAULT_FORMAT)
-    if fmt:
-        raise UserError(f"--format picks a model inside a run directory, but --model {model} already names one file")
-    return model
 
 
 def _sidecar_problem(card, num_classes: int, input_shape: list[int], embedding_dim: int | None) -> str | None:

@@ -15,19 +15,18 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from covidxray.data.image_header import DEFAULT_MAX_PIXELS, declared_size
+from covidxray.edge.image_header import DEFAULT_MAX_PIXELS, declared_size
+from covidxray.records import VOLUME_SUFFIXES
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".dcm", ".dicom")
-VOLUME_SUFFIXES = (".nii", ".nii.gz", ".mha", ".mhd", ".nrrd")
-PREPROCESSING = {
-    "decode": (
-        "grayscale; DICOM: modality LUT (rescale slope/intercept), then VOI LUT sequence scaled from its "
-        "output range, else the first window (DICOM linear/sigmoid formula) to 0..255, else min-max; "
-        "MONOCHROME1 inverted; other 16-bit images min-max scaled to 8-bit"
-    ),
-    "resize": "cv2.INTER_AREA to size x size (aspect not kept)",
-    "input": "float32 gray values 0..255, shape (size, size, 1); the model rescales",
-}
+# Bump whenever a change to this module can change a single output pixel. Prepare's decode cache and shard
+# names, the manifest, the model card and every sidecar carry it: a new version decodes afresh, and predict
+# warns when a model was trained on pixels made by another version. What version 1 does:
+#   decode: grayscale; DICOM: modality LUT (rescale slope/intercept), then VOI LUT sequence scaled from its
+#     output range, else the first window (DICOM linear/sigmoid formula) to 0..255, else min-max;
+#     MONOCHROME1 inverted; other 16-bit images min-max scaled to 8-bit
+#   resize: cv2.INTER_AREA to size x size (aspect not kept)
+#   input: float32 gray values 0..255, shape (size, size, 1); the model rescales
+PREPROCESSING_VERSION = 1
 
 # Projection radiography (CR, DX, the common non-standard DR, RG) plus OT and no
 # modality at all, which anonymised exports and secondary captures often carry.

@@ -56,7 +56,7 @@ class OodModel:
         }
 
     @classmethod
-    def from_sidecar(cls, entry: dict) -> "OodModel":
+    def from_sidecar(cls, entry: dict) -> OodModel:
         classes, dim = int(entry["classes"]), int(entry["dim"])
         return cls(_unpack(entry["means"], (classes, dim)), _unpack(entry["precision"], (dim, dim)), float(entry["threshold"]))
 

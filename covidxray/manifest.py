@@ -1,5 +1,12 @@
 """manifest.json: the one commit point of a prepared data set, sealed and checked.
 
+Contract: `load_manifest(data_dir)` returns the manifest prepare wrote, intact
+and unedited, or raises a UserError saying what to do; `shard_paths` lists
+the shard files of one split; `manifest_sha256` names the exact data set a
+model was trained on, and `check_model_matches` compares a model card with it.
+Imports only the standard library and covidxray's own light modules, so a
+training rank that only reads the manifest loads nothing else.
+
 Shards are named after their content (`<split>-<i>-of-<n>-<fingerprint>.tfrecord`),
 so a re-prepare writes its shards beside the old ones and only then replaces
 manifest.json in one atomic rename. A reader that loaded a manifest reads the
@@ -19,10 +26,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from covidxray.errors import UserError
+from covidxray.files import atomic_write, sha256_file
 
 MANIFEST = "manifest.json"
 SHARD_DIR = "shards"
@@ -30,17 +37,20 @@ CHECKSUM = "checksum"
 _RERUN = "re-run `covidxray prepare` with the same config and --data-dir (decodes are cached and intact shards reused, so it is quick)"
 
 
-def canonical_sha256(manifest: dict) -> str:
-    """sha256 over every key but the checksum itself, as sorted compact ASCII JSON: independent of formatting."""
-    content = {k: v for k, v in manifest.items() if k != CHECKSUM}
+def _json_sha256(content: dict) -> str:
+    """sha256 of sorted compact ASCII JSON: independent of formatting and key order."""
     return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def canonical_sha256(manifest: dict) -> str:
+    """sha256 over every key but the checksum itself."""
+    return _json_sha256({k: v for k, v in manifest.items() if k != CHECKSUM})
 
 
 def content_sha256(manifest: dict) -> str:
     """sha256 of what training reads (task, labels, image size, preprocessing, every shard's sha256), not of
     run details such as the time prepare took: a re-prepare of the same data keeps it."""
-    content = {k: manifest.get(k) for k in ("task", "labels", "image_size", "preprocessing", "shards")}
-    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return _json_sha256({k: manifest.get(k) for k in ("task", "labels", "image_size", "preprocessing", "shards")})
 
 
 def seal(manifest: dict) -> dict:
@@ -49,14 +59,8 @@ def seal(manifest: dict) -> dict:
 
 def write_manifest(data_dir: Path, manifest: dict) -> dict:
     """Seal and write atomically (this rename is the moment the new data set becomes the data set); returns it sealed."""
-    path = Path(data_dir) / MANIFEST
-    tmp = path.with_name(path.name + ".partial")
     sealed = seal(manifest)
-    with open(tmp, "w") as handle:
-        handle.write(json.dumps(sealed, indent=2))
-        handle.flush()
-        os.fsync(handle.fileno())  # the rename must never publish a manifest whose bytes are still in flight
-    os.replace(tmp, path)
+    atomic_write(Path(data_dir) / MANIFEST, json.dumps(sealed, indent=2))
     return sealed
 
 
@@ -85,7 +89,8 @@ def load_manifest(data_dir: str | Path) -> dict:
 
 
 def manifest_sha256(data_dir: str | Path) -> str:
-    return hashlib.sha256((Path(data_dir) / MANIFEST).read_bytes()).hexdigest()
+    """sha256 of manifest.json's bytes: the model card's name for the exact data set it was trained on."""
+    return sha256_file(Path(data_dir) / MANIFEST)
 
 
 def shard_paths(data_dir: str | Path, split: str) -> list[Path]:
@@ -93,12 +98,19 @@ def shard_paths(data_dir: str | Path, split: str) -> list[Path]:
     return [Path(data_dir) / SHARD_DIR / s["file"] for s in manifest["shards"] if s["split"] == split and s["records"]]
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def check_model_matches(card: dict, data_dir: str | Path) -> tuple[dict, bool]:
+    """The manifest of `data_dir` and whether it is the very data set the model (its card) was trained on.
+
+    UserError when its labels or image size differ from the model's: the model cannot be measured on it.
+    """
+    manifest = load_manifest(data_dir)
+    if manifest["labels"] != card["labels"] or int(manifest["image_size"]) != int(card["image_size"]):
+        raise UserError(
+            f"{data_dir} holds labels {manifest['labels']} at {manifest['image_size']} px but the model was trained on "
+            f"labels {card['labels']} at {card['image_size']} px: point --data-dir at the data it was trained on "
+            f"(or prepare data of task {card.get('task', '?')} with --image-size {card['image_size']})"
+        )
+    return manifest, manifest_sha256(data_dir) == card.get("manifest_sha256")
 
 
 def shard_problems(data_dir: str | Path, manifest: dict, files: list[str] | None = None) -> dict[str, list[str]]:
@@ -111,7 +123,7 @@ def shard_problems(data_dir: str | Path, manifest: dict, files: list[str] | None
         path = Path(data_dir) / SHARD_DIR / shard["file"]
         if not path.is_file():
             missing.append(shard["file"])
-        elif file_sha256(path) != shard["sha256"]:
+        elif sha256_file(path) != shard["sha256"]:
             mismatched.append(shard["file"])
     return {"missing": missing, "sha256_mismatch": mismatched}
 

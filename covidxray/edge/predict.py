@@ -2,25 +2,28 @@
 
 A bad file never stops the others; its entry carries the error instead. An
 image that is not a chest radiograph gets `rejected` instead of a class: by
-the cheap checks of covidxray/data/radiograph_gate.py, or because its
+the cheap checks of covidxray/edge/radiograph_gate.py, or because its
 embedding lies beyond the out-of-distribution threshold in the sidecar. No
-TensorFlow here: only `--explain` (Grad-CAM on the Keras model) loads it.
+TensorFlow here: `--explain` (Grad-CAM on the Keras model, covidxray/export/gradcam.py)
+is handed in by the caller as an `ExplainerFor`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import numpy as np
 
-from covidxray.data import radiograph_gate
-from covidxray.data.preprocess import IMAGE_SUFFIXES, PREPROCESSING, ImageError, as_model_input, is_dicom, load_gray
+from covidxray.edge import radiograph_gate
+from covidxray.edge.litert import TFLiteClassifier
+from covidxray.edge.preprocess import PREPROCESSING_VERSION, ImageError, as_model_input, is_dicom, load_gray
 from covidxray.errors import UserError
-from covidxray.export.litert import TFLiteClassifier
+from covidxray.records import IMAGE_SUFFIXES
 
 # (source file, decoded gray image, model input, class index) -> written overlay
 Explainer = Callable[[Path, np.ndarray, np.ndarray, int], Path]
+ExplainerFor = Callable[[TFLiteClassifier], Explainer]  # made once the model and its sidecar are loaded (--explain)
 REJECTED = "not a chest radiograph"
 OOD_REASON = "out-of-distribution"
 
@@ -47,7 +50,7 @@ def _rejected(path: Path, reason: str, score: float, limit: float) -> dict:
     return {"file": str(path), "rejected": REJECTED, "reason": reason, "score": float(score), "limit": float(limit)}
 
 
-def predict_path(path: Path, classifier: TFLiteClassifier, explain: Optional[Explainer] = None) -> dict:
+def predict_path(path: Path, classifier: TFLiteClassifier, explain: Explainer | None = None) -> dict:
     try:
         if path.is_dir():
             raise ImageError("empty", path, f"folder holds no {', '.join(IMAGE_SUFFIXES)} or DICOM files")
@@ -77,35 +80,26 @@ def predict_path(path: Path, classifier: TFLiteClassifier, explain: Optional[Exp
     return result
 
 
-def gradcam_explainer(classifier: TFLiteClassifier, out_dir: Path, keras_model: Optional[Path] = None) -> Explainer:
-    """The Keras model named by the sidecar (beside the .tflite) unless `keras_model` overrides it."""
-    try:
-        from covidxray.export.gradcam import GradCamWriter  # imports TensorFlow
-    except ImportError as err:
-        raise UserError(f"--explain runs the Keras model and needs TensorFlow ({err}): run it where covidxray was trained, or install the full package") from None
-
-    if keras_model is None:
-        if "keras_model" not in classifier.card:
-            raise UserError(f"the sidecar of {classifier.path} names no Keras model: give --keras-model")
-        keras_model = classifier.path.parent / classifier.card["keras_model"]
-    return GradCamWriter(keras_model, out_dir, classifier.image_size)
-
-
-def preprocessing_drift(card: dict) -> list[str]:
-    """Preprocessing steps whose description differs between the model's training and this code."""
-    trained = card.get("preprocessing", {})
-    return [step for step in PREPROCESSING if trained.get(step) != PREPROCESSING[step]]
+def preprocessing_mismatch(card: dict) -> str | None:
+    """Why the model's training pixels may differ from this predictor's, or None when both use this preprocessing version."""
+    trained = card.get("preprocessing")
+    if trained == PREPROCESSING_VERSION:
+        return None
+    # Before numbered versions a card held a description of every step: made by other code than any version.
+    described = f"preprocessing version {trained}" if isinstance(trained, int) else "preprocessing older than version 1"
+    return f"was trained on images made by {described}; this predictor does version {PREPROCESSING_VERSION}: export a model trained on data prepared with this version"
 
 
 def predict_files(
     paths: list[Path], model_path: Path, threads: int = 1,
-    explain_dir: Optional[Path] = None, keras_model: Optional[Path] = None,
+    explainer_for: ExplainerFor | None = None,
     warn: Callable[[str], None] = lambda _message: None,
 ) -> list[dict]:
     if threads < 1:
         raise UserError(f"--threads {threads}: give 1 or more")
     classifier = TFLiteClassifier(model_path, threads)
-    for step in preprocessing_drift(classifier.card):
-        warn(f"{model_path} was trained with {step} = {classifier.card.get('preprocessing', {}).get(step)!r}; this predictor does {PREPROCESSING[step]!r}")
-    explain = gradcam_explainer(classifier, explain_dir, keras_model) if explain_dir is not None else None
+    mismatch = preprocessing_mismatch(classifier.card)
+    if mismatch:
+        warn(f"{model_path} {mismatch}")
+    explain = explainer_for(classifier) if explainer_for is not None else None
     return [predict_path(path, classifier, explain) for path in expand_inputs(paths)]

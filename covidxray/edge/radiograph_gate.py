@@ -6,7 +6,7 @@ catch what needs no model: thumbnails too small to read, blank or
 near-constant images, strips and banners, binary-looking images (documents,
 screenshots, drawings), noise, and gradients with no grain at all. Photos,
 CT slices and other body parts look like images and pass here; the model's
-out-of-distribution score (covidxray/export/ood.py) catches those.
+out-of-distribution score (covidxray/edge/ood.py) catches those.
 
 Every limit was set from the features of all real radiographs in the
 project's shared sample data (about 6,000, chest-xray-pneumonia, ieee8023,
@@ -24,7 +24,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from covidxray.data.preprocess import ImageError
+from covidxray.edge.preprocess import ImageError
 
 # Features are computed on a copy whose long side is THUMBNAIL_SIDE (never upscaled), so the
 # cost is the same for a 4000 px CR as for a 224 px JPEG and the texture measure sees one scale.

@@ -1,0 +1,69 @@
+"""The TFLite formats `covidxray export` can write, each a registered way to set up the converter.
+
+Adding a format is one `@register_format` here: its name becomes a valid
+`--format` / export.formats value, appears in `covidxray formats` and in the
+CLI help, and `export` writes `model-<name>.tflite` with its sidecar and parity
+entry. TensorFlow is imported only when a converter is configured, so the
+command line lists the formats without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from covidxray.errors import UserError
+from covidxray.registry import Registry
+
+
+@dataclass(frozen=True)
+class Exporter:
+    # (tf.lite.TFLiteConverter, representative images or None) -> None: sets optimisations and types
+    configure: Callable[[Any, np.ndarray | None], None]
+    needs_representative: bool = False  # calibration images (from the train split) for quantisation
+
+
+FORMATS: Registry[Exporter] = Registry("export format")
+
+
+def register_format(name: str, description: str, needs_representative: bool = False):
+    return lambda configure: FORMATS.add(name, Exporter(configure, needs_representative), description)
+
+
+@register_format("float32", "float32 weights and activations: the reference the other formats are checked against")
+def _float32(converter, representative) -> None:
+    """The converter's defaults."""
+
+
+@register_format("float16", "float16 weights (half the size), float32 arithmetic")
+def _float16(converter, representative) -> None:
+    import tensorflow as tf
+
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.target_spec.supported_types = [tf.float16]
+
+
+@register_format("int8", "integer only, calibrated on train images: uint8 gray pixels in, uint8 probabilities out "
+                 "(also the C array for TensorFlow Lite Micro)", needs_representative=True)
+def _int8(converter, representative) -> None:
+    import tensorflow as tf
+
+    def samples():
+        for image in representative:
+            yield [image[None].astype(np.float32)]
+
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = samples
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    converter.inference_input_type = tf.uint8  # gray pixels 0..255 are exactly uint8
+    converter.inference_output_type = tf.uint8
+
+
+def check_formats(formats: list[str]) -> list[str]:
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise UserError(f"export formats {formats}: choose one or more of {', '.join(FORMATS.names())}")
+    return list(dict.fromkeys(formats))  # keep order, drop repeats

@@ -1,0 +1,84 @@
+"""Writing a file so a reader never sees half of it, and naming a file's bytes.
+
+Contract: `atomic_path` is the one way covidxray publishes a file (or folder)
+that another process or a later run may read. The content goes to a
+`<name>.partial` beside the target, is flushed to disk, and only then renamed
+over the target in one step: a crash leaves the old file or the new one,
+never a mix, and a leftover `.partial` is always safe to delete.
+`sha256_file` is the one hash of a file's bytes (shards, downloads, the
+manifest, model files, the decode cache key).
+
+Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+PARTIAL = ".partial"  # suffix of a file being written; a reader never opens one
+_BLOCK = 1 << 20
+
+
+def partial_path(path: Path) -> Path:
+    return path.with_name(path.name + PARTIAL)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _fsync(path: Path) -> None:
+    """Push a regular file's bytes to disk, so the rename never publishes bytes still in flight."""
+    if path.is_file():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path` for any writer (open, a library's save); on success it replaces `path`.
+
+    On an exception the temporary file or folder is removed and `path` is untouched.
+    A folder replaces only an absent or empty folder: remove the old one inside the block, after writing.
+    """
+    path = Path(path)
+    tmp = partial_path(path)
+    _remove(tmp)  # a killed writer's leftover
+    try:
+        yield tmp
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w", **open_args) -> Iterator[IO]:
+    """`open(path, mode)` whose content appears at `path` only when the block ends without an exception."""
+    with atomic_path(path) as tmp, open(tmp, mode, **open_args) as handle:
+        yield handle
+
+
+def atomic_write(path: str | Path, content: str | bytes) -> None:
+    with atomic_open(path, "wb" if isinstance(content, bytes) else "w") as handle:
+        handle.write(content)
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MB blocks (a shard or an archive need not fit in memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+

@@ -1,0 +1,77 @@
+"""The run folder: what `train`, `evaluate` and `export` write into `train.run_dir`, and `predict` reads.
+
+Contract: every file name of a run folder is spelled here and nowhere else.
+Rank 0 of `train` writes MODEL_FILE (the best Keras model), MODEL_CARD (what
+the model needs to be used: labels, image size, preprocessing version,
+manifest sha256), CONFIG_FILE, TRAIN_LOG and CHECKPOINTS/ with the LATEST
+pointer, which is the commit point of a resumable run: it names a complete
+checkpoint folder. `export` writes SAVED_MODEL_DIR, one `tflite_name(fmt)`
+plus its `sidecar_path` per format, and EXPORT_REPORT. Every JSON file here is
+written atomically (`write_json`), so a reader sees the old or the new file.
+
+Imports only the standard library and covidxray's own light modules.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from covidxray.errors import UserError
+from covidxray.files import atomic_write
+
+MODEL_FILE = "model.keras"
+MODEL_CARD = "model.json"
+CONFIG_FILE = "config.yaml"
+TRAIN_LOG = "train_log.json"
+CHECKPOINTS = "checkpoints"
+LATEST = "latest.json"  # in CHECKPOINTS: {"epoch", "path", ...} of the last complete checkpoint
+EVALUATION = "evaluation.json"
+SAVED_MODEL_DIR = "saved_model"
+EXPORT_REPORT = "export_report.json"
+CONVERTER_LOG = "export_converter.log"
+DEFAULT_FORMAT = "float32"
+
+
+def tflite_name(fmt: str) -> str:
+    return f"model-{fmt}.tflite"
+
+
+def sidecar_path(model_path: Path) -> Path:
+    """The JSON beside a .tflite that says how to use it (labels, input size, temperature, ...)."""
+    return model_path.with_suffix(".json")
+
+
+def resolve_model(model: Path, fmt: str | None = None) -> Path:
+    """`--model` is a .tflite or a run directory; in a directory `--format` picks the file."""
+    if model.is_dir():
+        return model / tflite_name(fmt or DEFAULT_FORMAT)
+    if fmt:
+        raise UserError(f"--format picks a model inside a run directory, but --model {model} already names one file")
+    return model
+
+
+def write_json(path: Path, payload: Any) -> None:
+    atomic_write(path, json.dumps(payload, indent=2))
+
+
+def write_latest(run_dir: Path, pointer: dict) -> None:
+    """Commit a checkpoint: `pointer["path"]` names its complete folder in CHECKPOINTS, `pointer["epoch"]` its epoch."""
+    write_json(Path(run_dir) / CHECKPOINTS / LATEST, pointer)
+
+
+def read_latest(run_dir: Path) -> dict | None:
+    """The last committed checkpoint pointer; None when there is none; UserError when it is damaged."""
+    latest = Path(run_dir) / CHECKPOINTS / LATEST
+    if not latest.is_file():
+        return None
+    try:
+        saved = json.loads(latest.read_text())
+    except ValueError as err:
+        saved = f"not JSON: {err}"
+    if not (isinstance(saved, dict) and isinstance(saved.get("path"), str) and isinstance(saved.get("epoch"), int)):
+        detail = saved if isinstance(saved, str) else "no checkpoint path and epoch"
+        raise UserError(f"{latest} is damaged ({detail}), so the last complete checkpoint is unknown; start over without "
+                        "--resume (the checkpoint folders beside it are not trusted without it)")
+    return saved
