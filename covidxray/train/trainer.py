@@ -47,7 +47,7 @@ from covidxray.run_folder import (
 )
 from covidxray.train.batchnorm import batches_per_rank, recompute_statistics
 from covidxray.train.distributed import HorovodTuning, World, check_launch_mode, init_world
-from covidxray.train.input import make_dataset
+from covidxray.train.input import make_dataset, predict_batches
 from covidxray.train.metrics import cross_entropy, macro_auc
 from covidxray.train.models import build_model
 from covidxray.train.run_guard import check_before_training
@@ -82,13 +82,7 @@ def validation_metrics(world: World, model: tf.keras.Model, dataset: tf.data.Dat
     split per rank; the gathered predictions give the true AUC of the whole
     split (an average of per-rank AUCs would not be), identical on all ranks.
     """
-    probabilities, labels = [], []
-    for images, one_hot in dataset:
-        probabilities.append(model.predict_on_batch(images))
-        labels.append(np.argmax(one_hot, axis=1))
-    mine = (np.concatenate(probabilities) if probabilities else np.zeros((0, model.output_shape[-1]), np.float32),
-            np.concatenate(labels) if labels else np.zeros(0, np.int64))
-    gathered = world.allgather_object(mine)
+    gathered = world.allgather_object(predict_batches(model, dataset, model.output_shape[-1]))
     probs = np.concatenate([p for p, _ in gathered])
     truth = np.concatenate([t for _, t in gathered])
     auc = macro_auc(truth, probs)
