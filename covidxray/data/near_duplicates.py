@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-FEATURE_VERSION = "orb-384-384-grid8-trim+mirror/4"
+FEATURE_VERSION = "orb-384-384-grid8-trim+mirror/5"
 SIDE = 384  # longest side the features are computed at: copies at any scale meet at one size
 KEYPOINTS = 384
 CANDIDATE_KEYPOINTS = 4 * KEYPOINTS  # detected, before the strongest are spread over a grid
@@ -87,23 +87,28 @@ def _spread_out(keypoints, width: int, height: int) -> list:
     Burned-in text, markers and borders have the strongest corners of all; taken
     by strength alone they would crowd out the anatomy a copy shares.
     """
-    by_strength = sorted(keypoints, key=lambda k: -k.response)
-    per_cell = -(-KEYPOINTS // (GRID * GRID))
-    taken: dict[tuple[int, int], int] = {}
-    chosen, rest = [], []
-    for k in by_strength:
-        cell = (min(GRID - 1, int(k.pt[0] * GRID / width)), min(GRID - 1, int(k.pt[1] * GRID / height)))
-        if taken.get(cell, 0) < per_cell:
-            taken[cell] = taken.get(cell, 0) + 1
-            chosen.append(k)
-        else:
-            rest.append(k)
-    return (chosen + rest)[:KEYPOINTS]
+    if not keypoints:
+        return []
+    points = cv2.KeyPoint_convert(keypoints)
+    strength = np.array([k.response for k in keypoints], np.float32)
+    cell = np.minimum(GRID - 1, (points[:, 1] * GRID / height).astype(int)) * GRID + np.minimum(GRID - 1, (points[:, 0] * GRID / width).astype(int))
+    by_cell = np.lexsort((np.arange(len(keypoints)), -strength, cell))  # strongest first within each cell, ties by detection order
+    first_of_cell = np.searchsorted(cell[by_cell], cell[by_cell])
+    rank_in_cell = np.empty(len(keypoints), int)
+    rank_in_cell[by_cell] = np.arange(len(keypoints)) - first_of_cell
+    fair_share = rank_in_cell < -(-KEYPOINTS // (GRID * GRID))
+    order = np.lexsort((np.arange(len(keypoints)), -strength, ~fair_share))  # the fair shares by strength, then the rest by strength
+    return [keypoints[i] for i in order[:KEYPOINTS]]
 
 
 def _at_side(gray: np.ndarray) -> np.ndarray:
     height, width = gray.shape
     scale = SIDE / max(height, width)
+    if scale <= 0.5:  # averaging by a whole factor first: INTER_AREA is several times faster at an integer ratio
+        step = int(1 / scale)
+        gray = cv2.resize(gray, None, fx=1 / step, fy=1 / step, interpolation=cv2.INTER_AREA)
+        height, width = gray.shape
+        scale = SIDE / max(height, width)
     size = (max(1, round(width * scale)), max(1, round(height * scale)))
     return cv2.resize(gray, size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
 
@@ -167,26 +172,25 @@ def candidate_pairs(all_features: list[Features], min_votes: int = MIN_VOTES, pe
     `mirrored` pairs share words between one image and the other's mirror image.
     Work and memory are linear in the number of descriptors (see module doc).
     """
-    images, orientation, words = [], [], []
+    entries, words = [], []
     for index, item in enumerate(all_features):
         for flipped, descriptors in ((0, item.descriptors), (1, item.mirrored)):
             if len(descriptors):
                 words.append(np.ascontiguousarray(descriptors).view("<u4"))
-                images.append(np.full(len(descriptors), index, np.int64))
-                orientation.append(np.full(len(descriptors), flipped, np.int64))
+                entries.append(np.full(len(descriptors), 2 * index + flipped, np.uint64))
     if not words:
         return {}
-    word_table, image_of, side_of = np.concatenate(words), np.concatenate(images), np.concatenate(orientation)
+    word_table, entry_of = np.concatenate(words).astype(np.uint64), np.concatenate(entries)
     count = len(all_features)
-    votes: list[tuple[np.ndarray, np.ndarray]] = []  # per word column: the distinct pairs, how often they met in it
+    met = []  # one pair id per word two images share
     for column in range(WORDS_PER_DESCRIPTOR):
-        keys = word_table[:, column]
-        order = np.argsort(keys, kind="stable")
-        keys, image, side = keys[order], image_of[order], side_of[order]
+        # word and entry packed in one integer: a plain sort (several times faster than argsort) groups the buckets
+        packed = np.sort((word_table[:, column] << np.uint64(32)) | entry_of)
+        keys, entry = packed >> np.uint64(32), (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        image, side = entry >> 1, entry & 1
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
         sizes = np.diff(np.r_[starts, len(keys)])
         usable = np.repeat(sizes <= MAX_BUCKET, sizes)  # stop words out
-        met = []
         for gap in range(1, MAX_BUCKET):
             same = (keys[gap:] == keys[:-gap]) & usable[gap:] & usable[:-gap]
             if not same.any():
@@ -196,16 +200,10 @@ def candidate_pairs(all_features: list[Features], min_votes: int = MIN_VOTES, pe
             other = a != b
             low, high = np.minimum(a, b)[other], np.maximum(a, b)[other]
             met.append((low * count + high) * 2 + mirrored[other])
-        if met:
-            votes.append(np.unique(np.concatenate(met), return_counts=True))
-    if not votes:
+    if not met:
         return {}
     # a copy shares many words, often several per descriptor: every shared word is one vote
-    pair_ids = np.concatenate([ids for ids, _ in votes])
-    order = np.argsort(pair_ids, kind="stable")
-    pair_ids, counts = pair_ids[order], np.concatenate([n for _, n in votes])[order]
-    starts = np.flatnonzero(np.r_[True, pair_ids[1:] != pair_ids[:-1]])
-    pair_ids, counts = pair_ids[starts], np.add.reduceat(counts, starts)
+    pair_ids, counts = np.unique(np.concatenate(met), return_counts=True)
     keep = counts >= min_votes
     pair_ids, counts = pair_ids[keep], counts[keep]
     low, high, mirrored = pair_ids // 2 // count, pair_ids // 2 % count, pair_ids % 2
@@ -236,12 +234,13 @@ def verify(first: Features, second: Features, mirrored: bool, min_inliers: int) 
     if len(first.descriptors) < 2 or len(other_descriptors) < 2:
         return None
     other_points = second.mirror_points() if mirrored else second.points
-    matches = cv2.BFMatcher(cv2.NORM_HAMMING).knnMatch(first.descriptors, other_descriptors, k=2)
-    good = [m[0] for m in matches if len(m) == 2 and m[0].distance < RATIO * m[1].distance]
+    # the two nearest descriptors as arrays (knnMatch would build a Python object per match)
+    distance, nearest = cv2.batchDistance(first.descriptors, other_descriptors, cv2.CV_32S, normType=cv2.NORM_HAMMING, K=2)
+    good = np.flatnonzero(distance[:, 0] < RATIO * distance[:, 1])
     if len(good) < max(3, min_inliers):
         return None
-    source = first.points[[m.queryIdx for m in good]]
-    target = other_points[[m.trainIdx for m in good]]
+    source = first.points[good]
+    target = other_points[nearest[good, 0]]
     transform, inlier_mask = cv2.estimateAffinePartial2D(source, target, method=cv2.RANSAC, ransacReprojThreshold=REPROJECTION_PX, maxIters=2000, confidence=0.995)
     if transform is None:
         return None
@@ -257,9 +256,18 @@ def verify(first: Features, second: Features, mirrored: bool, min_inliers: int) 
 
 def confirmed_pairs(all_features: list[Features], min_inliers: int) -> list[tuple[int, int, Match]]:
     """(i, j, Match) for every candidate pair that the geometric check confirms."""
-    found, done = [], set()
+    found = []
+    group = list(range(len(all_features)))  # union-find over the confirmed matches so far
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            group[i] = group[group[i]]
+            i = group[i]
+        return i
+
     for (i, j, mirrored), _ in sorted(candidate_pairs(all_features).items(), key=lambda item: -item[1]):
-        if (i, j) not in done and (match := verify(all_features[i], all_features[j], mirrored, min_inliers)):
+        # a pair already joined through other confirmed copies needs no check of its own: the best voted go first
+        if root(i) != root(j) and (match := verify(all_features[i], all_features[j], mirrored, min_inliers)):
             found.append((i, j, match))
-            done.add((i, j))
+            group[max(root(i), root(j))] = min(root(i), root(j))
     return found
