@@ -202,12 +202,12 @@ def candidate_pairs(all_features: list[Features], min_votes: int = MIN_VOTES, pe
                 entries.append(np.full(len(descriptors), 2 * index + flipped, np.uint64))
     if not words:
         return {}
-    word_table, entry_of = np.concatenate(words).astype(np.uint64), np.concatenate(entries)
+    word_table, entry_of = np.concatenate(words), np.concatenate(entries)
     count = len(all_features)
     met = []  # one pair id per word two images share
     for column in range(WORDS_PER_DESCRIPTOR):
         # word and entry packed in one integer: a plain sort (several times faster than argsort) groups the buckets
-        packed = np.sort((word_table[:, column] << np.uint64(32)) | entry_of)
+        packed = np.sort((word_table[:, column].astype(np.uint64) << np.uint64(32)) | entry_of)
         keys, entry = packed >> np.uint64(32), (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)
         image, side = entry >> 1, entry & 1
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
