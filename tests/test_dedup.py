@@ -208,6 +208,52 @@ def test_candidate_stage_finds_copies_without_all_pairs_and_no_pair_twice(shared
     assert len(found) <= 2 * 2 * n  # at most per_image per image, far below the 120 pairs of 16 images
 
 
+def test_pairs_already_joined_are_not_checked_and_the_groups_stay_the_same(shared_data):
+    original = preprocess.load_gray(shared_data / TALO / "No_findings" / "00001280_004.png")
+    copies = [original] + [republished(original, family) for family in ("crop up to 20% per side", "jpeg 40", "flip")]
+    features = [_features(g) for g in copies]
+
+    def groups(pairs) -> set[frozenset[int]]:
+        joined = {i: {i} for i in range(len(copies))}
+        for i, j in pairs:
+            merged = joined[i] | joined[j]
+            for k in merged:
+                joined[k] = merged
+        return {frozenset(g) for g in joined.values()}
+
+    everything = near_duplicates.confirmed_pairs(features, MIN_INLIERS)
+    assert groups((i, j) for i, j, _ in everything) == {frozenset(range(4))}
+    known = [(0, 2)]  # e.g. the perceptual hash's pair
+    rest = near_duplicates.confirmed_pairs(features, MIN_INLIERS, known)
+    assert not {(0, 2)} & {(i, j) for i, j, _ in rest}
+    assert groups(known + [(i, j) for i, j, _ in rest]) == {frozenset(range(4))}
+    assert len(rest) == 2  # a spanning tree: one check per image joined
+
+
+def test_keypoints_are_spread_over_the_grid_before_the_strongest_rest(shared_data):
+    """Against a plain reading of the rule: per cell the strongest fair share, all by strength, then the rest by strength."""
+    small = cv2.equalizeHist(near_duplicates.trim_uniform_border(preprocess.load_gray(shared_data / TALO / "No_findings" / "00001299_000.png")))
+    keypoints = cv2.ORB_create(nfeatures=1536, fastThreshold=5).detect(small, None)
+    height, width = small.shape
+    grid, share = near_duplicates.GRID, -(-near_duplicates.KEYPOINTS // near_duplicates.GRID**2)
+    taken: dict[tuple[int, int], int] = {}
+    fair, rest = [], []
+    for k in sorted(keypoints, key=lambda k: -k.response):
+        cell = (min(grid - 1, int(k.pt[0] * grid / width)), min(grid - 1, int(k.pt[1] * grid / height)))
+        taken[cell] = taken.get(cell, 0) + 1
+        (fair if taken[cell] <= share else rest).append(k)
+    expected = (fair + rest)[: near_duplicates.KEYPOINTS]
+    assert [k.pt for k in near_duplicates._spread_out(keypoints, width, height)] == [k.pt for k in expected]
+
+
+def test_keypoints_touching_full_white_overlays_are_dropped():
+    gray = np.full((384, 384), 100, np.uint8)
+    gray[100:110, 200:260] = 255  # a burned-in white bar
+    points = [(230.0, 105.0), (230.0, 116.0), (230.0, 118.0), (50.0, 50.0)]  # on it, 7 px below its last row (inside a 15 px patch), 9 px below, far
+    kept = near_duplicates._off_overlays([cv2.KeyPoint(x, y, 15) for x, y in points], gray)
+    assert [k.pt for k in kept] == [(230.0, 118.0), (50.0, 50.0)]
+
+
 def _labelled(source: str, name: str, patient: str, label: str) -> Record:
     return Record(image=Path(f"/data/{source}/{name}"), label=label, patient_id=f"{source}:{patient}", source=source)
 

@@ -196,13 +196,14 @@ def matches(
         return order[unique[i]].patient_id != order[unique[j]].patient_id
 
     matrix = np.frombuffer(b"".join(hashes[str(order[i].image)][1] for i in unique), np.uint8).reshape(len(unique), -1)
-    for i, j, distance in near_pairs(matrix, max_distance):
-        if other_patients(i, j):
-            edges.append((unique[i], unique[j], "perceptual", distance, f"hamming {distance} of 256 bits"))
+    perceptual = [(i, j, distance) for i, j, distance in near_pairs(matrix, max_distance) if other_patients(i, j)]
+    for i, j, distance in perceptual:
+        edges.append((unique[i], unique[j], "perceptual", distance, f"hamming {distance} of 256 bits"))
     if features is not None and min_inliers > 0:
-        # the geometric check tells a copy from a follow-up itself, so it also runs within a patient
+        # the geometric check tells a copy from a follow-up itself, so it also runs within a patient;
+        # pairs the perceptual hash already joined across patients need no check of their own
         unpacked = [near_duplicates.unpack(features[str(order[i].image)]) for i in unique]
-        for i, j, match in near_duplicates.confirmed_pairs(unpacked, min_inliers):
+        for i, j, match in near_duplicates.confirmed_pairs(unpacked, min_inliers, [(i, j) for i, j, _ in perceptual]):
             edges.append((unique[i], unique[j], "geometric", match.inliers, match.describe()))
     return edges
 
