@@ -31,8 +31,8 @@ Everything stage 2 needs is computed once per image where it is decoded
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import cv2
 import numpy as np
