@@ -29,7 +29,12 @@ from covidxray.train_stack import missing_train_stack, require_train_stack
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter hides our messages
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False, no_args_is_help=True, help="Chest X-ray classifiers: public data -> Horovod training -> LiteRT on the edge.")
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    no_args_is_help=True,
+    help="Chest X-ray classifiers: public data -> Horovod training -> LiteRT on the edge.",
+)
 console = Console(stderr=True, soft_wrap=True)  # long paths stay whole, also in logs
 
 ConfigOption = typer.Option(None, "--config", "-c", help="YAML config (see configs/).")
@@ -63,7 +68,9 @@ def run(action: Callable[[], Any]) -> Any:
         raise typer.Exit(130) from None
 
 
-def parse_sources(specs: list[str], from_path: str | None = None, configured: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+def parse_sources(
+    specs: list[str], from_path: str | None = None, configured: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
     """`--source a --source b=PATH` -> {a: {...}, b: {..., from_path: PATH}}; `--from` goes with a single source.
 
     A source's options from the config file and --set (e.g. kermany's `part`) are kept; the path given
@@ -77,7 +84,9 @@ def parse_sources(specs: list[str], from_path: str | None = None, configured: di
         name, _, path = spec.partition("=")
         name, path = name.strip(), path or from_path or ""
         if name in sources:
-            raise UserError(f"--source {name} is given twice; a source is read from one place (to merge two copies, prepare them as one folder)")
+            raise UserError(
+                f"--source {name} is given twice; a source is read from one place (to merge two copies, prepare them as one folder)"
+            )
         sources[name] = {**configured.get(name, {}), **({"from_path": path} if path else {})}
     return sources
 
@@ -86,13 +95,22 @@ def parse_sources(specs: list[str], from_path: str | None = None, configured: di
 def prepare(
     config: Path | None = ConfigOption,
     sets: list[str] | None = SetOption,
-    source: list[str] | None = typer.Option(None, "--source", "-s", help="NAME or NAME=PATH (archive/folder on disk); repeatable. Names: `covidxray sources`."),
-    from_path: str | None = typer.Option(None, "--from", help="Archive or folder on disk for the single --source given."),
+    source: list[str] | None = typer.Option(
+        None,
+        "--source",
+        "-s",
+        help="NAME or NAME=PATH (archive/folder on disk); repeatable. Names: `covidxray sources`.",
+    ),
+    from_path: str | None = typer.Option(
+        None, "--from", help="Archive or folder on disk for the single --source given."
+    ),
     data_dir: str | None = typer.Option(None, help="Output folder (shards + manifest.json)."),
     task: str | None = typer.Option(None, help=f"{', '.join(TASKS.names())} (see `covidxray tasks`)."),
     image_size: int | None = typer.Option(None),
     workers: int | None = typer.Option(None, help="Decode processes (default: one per core)."),
-    hold_out_source: str | None = typer.Option(None, "--hold-out-source", help="Put this source (all of it) in test, the others in train/val."),
+    hold_out_source: str | None = typer.Option(
+        None, "--hold-out-source", help="Put this source (all of it) in test, the others in train/val."
+    ),
 ):
     """Fetch sources, harmonise labels, dedupe, split by patient, write sharded TFRecords."""
     from covidxray.cli_progress import progress_bar
@@ -102,11 +120,21 @@ def prepare(
 
         require_train_stack()  # the shards are TFRecords: fail now, not after decoding every image
 
-        cfg = resolve(config, sets, data__data_dir=data_dir, data__task=task, data__image_size=image_size, data__workers=workers, data__holdout_source=hold_out_source)
+        cfg = resolve(
+            config,
+            sets,
+            data__data_dir=data_dir,
+            data__task=task,
+            data__image_size=image_size,
+            data__workers=workers,
+            data__holdout_source=hold_out_source,
+        )
         if source:
             cfg.data.sources = parse_sources(source, from_path, cfg.data.sources)
         elif from_path:
-            raise UserError("--from needs the --source it belongs to, e.g. --source covid19-talo --from ./COVID-19-master.zip")
+            raise UserError(
+                "--from needs the --source it belongs to, e.g. --source covid19-talo --from ./COVID-19-master.zip"
+            )
 
         with progress_bar("preparing") as advance:
             manifest = do_prepare(cfg.data, progress=advance, log=console.print)
@@ -133,7 +161,10 @@ def print_composition(manifest: dict) -> None:
 
 @app.command()
 def audit(
-    data_dir: Path = typer.Argument(..., help="A prepared data set, or a folder with one split per top-level folder (e.g. the Kaggle set's train/ and test/)."),
+    data_dir: Path = typer.Argument(
+        ...,
+        help="A prepared data set, or a folder with one split per top-level folder (e.g. the Kaggle set's train/ and test/).",
+    ),
     config: Path | None = ConfigOption,
     sets: list[str] | None = SetOption,
     workers: int | None = typer.Option(None, help="Decode processes (default: one per core)."),
@@ -166,11 +197,30 @@ def train(
     epochs: int | None = typer.Option(None),
     batch_size: int | None = typer.Option(None, help="Per rank."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --run-dir."),
-    force: bool = typer.Option(False, "--force", help="With --resume: continue although the data set or training settings differ from the run's."),
-    elastic: bool | None = typer.Option(None, "--elastic", help="Elastic job (horovodrun --min-np/--max-np/--host-discovery-script): survives losing workers."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="With --resume: continue although the data set or training settings differ from the run's.",
+    ),
+    elastic: bool | None = typer.Option(
+        None,
+        "--elastic",
+        help="Elastic job (horovodrun --min-np/--max-np/--host-discovery-script): survives losing workers.",
+    ),
 ):
     """Train (single process, or one rank under `horovodrun` / `mpirun`)."""
-    cfg = run(lambda: resolve(config, sets, data__data_dir=data_dir, train__run_dir=run_dir, train__model=model, train__epochs=epochs, train__batch_size=batch_size, train__elastic=elastic))
+    cfg = run(
+        lambda: resolve(
+            config,
+            sets,
+            data__data_dir=data_dir,
+            train__run_dir=run_dir,
+            train__model=model,
+            train__epochs=epochs,
+            train__batch_size=batch_size,
+            train__elastic=elastic,
+        )
+    )
 
     def go():
         from covidxray.train.trainer import train as do_train
@@ -184,8 +234,12 @@ def train(
 def evaluate(
     config: Path | None = ConfigOption,
     sets: list[str] | None = SetOption,
-    run_dir: str | None = typer.Option(None, help="Run folder with model.keras (evaluation.json, roc.png, confusion.png go here)."),
-    data_dir: str | None = typer.Option(None, help="Prepared data: thresholds from its val split, metrics on its test split."),
+    run_dir: str | None = typer.Option(
+        None, help="Run folder with model.keras (evaluation.json, roc.png, confusion.png go here)."
+    ),
+    data_dir: str | None = typer.Option(
+        None, help="Prepared data: thresholds from its val split, metrics on its test split."
+    ),
 ):
     """Test-split accuracy, per-class sensitivity/specificity/PPV, ROC AUC, confusion matrix; thresholds chosen on val."""
     cfg = run(lambda: resolve(config, sets, data__data_dir=data_dir, train__run_dir=run_dir))
@@ -200,10 +254,22 @@ def evaluate(
 
 @app.command()
 def doctor(
-    data_dir: Path | None = typer.Option(None, help="Also check these shards against their manifest's sha256s, and measure a training rank's peak memory on them."),
+    data_dir: Path | None = typer.Option(
+        None,
+        help="Also check these shards against their manifest's sha256s, and measure a training rank's peak memory on them.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (to compare boards)."),
-    config: Path | None = typer.Option(None, "--config", "-c", help="The training config the memory check runs (model, batch, Horovod buffers); default: the built-in defaults."),
-    memory_probe: bool = typer.Option(True, "--memory-probe/--no-memory-probe", help="With --data-dir: run a few training steps to measure peak memory (\"fits this board\")."),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="The training config the memory check runs (model, batch, Horovod buffers); default: the built-in defaults.",
+    ),
+    memory_probe: bool = typer.Option(
+        True,
+        "--memory-probe/--no-memory-probe",
+        help='With --data-dir: run a few training steps to measure peak memory ("fits this board").',
+    ),
 ):
     """What this board has: versions, Horovod build (controllers, ops), mpirun, cores, memory, disk, shard integrity, fits this board."""
     from covidxray.doctor import diagnose, render
@@ -222,9 +288,17 @@ def export_cmd(
     config: Path | None = ConfigOption,
     sets: list[str] | None = SetOption,
     run_dir: str | None = typer.Option(None),
-    data_dir: str | None = typer.Option(None, help="Prepared data (test split for parity, train for int8 calibration)."),
-    formats: list[str] | None = typer.Option(None, "--format", help=f"{', '.join(FORMATS.names())} (repeatable; default export.formats; see `covidxray formats`)."),
-    c_array: bool = typer.Option(False, "--c-array", help="Also export int8 and write it as model-int8.cc/.h for TensorFlow Lite Micro."),
+    data_dir: str | None = typer.Option(
+        None, help="Prepared data (test split for parity, train for int8 calibration)."
+    ),
+    formats: list[str] | None = typer.Option(
+        None,
+        "--format",
+        help=f"{', '.join(FORMATS.names())} (repeatable; default export.formats; see `covidxray formats`).",
+    ),
+    c_array: bool = typer.Option(
+        False, "--c-array", help="Also export int8 and write it as model-int8.cc/.h for TensorFlow Lite Micro."
+    ),
 ):
     """Write a SavedModel, convert it to TFLite and check each format against Keras on the test split."""
     cfg = run(lambda: resolve(config, sets, data__data_dir=data_dir, train__run_dir=run_dir))
@@ -244,13 +318,21 @@ def export_cmd(
 @app.command()
 def predict(
     files: list[Path] = typer.Argument(..., help="PNG, JPEG or DICOM files, or folders of them."),
-    model: Path = typer.Option(Path("runs/default"), "--model", "-m", help="A .tflite written by export, or its run directory."),
-    fmt: str | None = typer.Option(None, "--format", help=f"With a run directory: {', '.join(FORMATS.names())} (default {DEFAULT_FORMAT})."),
+    model: Path = typer.Option(
+        Path("runs/default"), "--model", "-m", help="A .tflite written by export, or its run directory."
+    ),
+    fmt: str | None = typer.Option(
+        None, "--format", help=f"With a run directory: {', '.join(FORMATS.names())} (default {DEFAULT_FORMAT})."
+    ),
     threads: int = typer.Option(1, help="Interpreter threads."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document (a list, one entry per file) on stdout."),
-    explain: bool = typer.Option(False, "--explain", help="Write a Grad-CAM overlay per image (needs TensorFlow and the Keras model)."),
+    explain: bool = typer.Option(
+        False, "--explain", help="Write a Grad-CAM overlay per image (needs TensorFlow and the Keras model)."
+    ),
     explain_dir: Path = typer.Option(Path("gradcam"), help="Where --explain writes <image stem>.gradcam.png."),
-    keras_model: Path | None = typer.Option(None, help="Keras model for --explain (default: the one named by the sidecar)."),
+    keras_model: Path | None = typer.Option(
+        None, help="Keras model for --explain (default: the one named by the sidecar)."
+    ),
 ):
     """Classify X-rays with the exported model (LiteRT interpreter; no TensorFlow needed)."""
     from covidxray.edge.predict import predict_files
@@ -260,19 +342,25 @@ def predict(
         try:
             from covidxray.export.gradcam import gradcam_for  # imports TensorFlow
         except ImportError as err:
-            raise UserError(f"--explain runs the Keras model and needs TensorFlow ({err}): run it where covidxray was trained, or install the full package") from None
+            raise UserError(
+                f"--explain runs the Keras model and needs TensorFlow ({err}): run it where covidxray was trained, or install the full package"
+            ) from None
         return gradcam_for(explain_dir, keras_model)
 
     def warn(message: str) -> None:
         console.print(f"[yellow]warning[/]: {escape(message)}", soft_wrap=True, highlight=False)
 
-    results = run(lambda: predict_files(files, resolve_model(model, fmt), threads, gradcam_for() if explain else None, warn))
+    results = run(
+        lambda: predict_files(files, resolve_model(model, fmt), threads, gradcam_for() if explain else None, warn)
+    )
     for item in results:
         if "error" in item:
             console.print(f"[red]{escape(item['file'])}: {escape(item['error'])}[/]", soft_wrap=True, highlight=False)
         elif "rejected" in item:
             if not as_json:
-                print(f"{item['file']}: rejected: {item['rejected']} ({item['reason']}, score {item['score']:.3g}, limit {item['limit']:.3g})")
+                print(
+                    f"{item['file']}: rejected: {item['rejected']} ({item['reason']}, score {item['score']:.3g}, limit {item['limit']:.3g})"
+                )
         elif not as_json:
             probs = "  ".join(f"{k} {v:.3f}" for k, v in item["probabilities"].items())
             heat = f"  grad-cam {item['gradcam']}" if "gradcam" in item else ""
@@ -301,7 +389,9 @@ app.add_typer(weights_app, name="weights")
 @weights_app.command("download")
 def weights_download(
     model: str = typer.Argument(..., help=f"{' or '.join(IMAGENET_WEIGHTS)}."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="File (or folder) to write; default: Keras' file name here."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="File (or folder) to write; default: Keras' file name here."
+    ),
 ):
     """Download Keras' ImageNet backbone file (checked against Keras' hash) for `train.weights: PATH` on every board."""
     from covidxray.train.weights import download_weights

@@ -25,8 +25,15 @@ class ConfigError(UserError):
     """A configuration the user wrote that cannot be used; the message says where and why."""
 
 
-def setting(default: Any = dataclasses.MISSING, *, low: float | None = None, high: float | None = None,
-            above: float | None = None, choices: tuple | None = None, default_factory: Any = dataclasses.MISSING) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    above: float | None = None,
+    choices: tuple | None = None,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
     """A config field with its allowed values, checked wherever a config is loaded.
 
     `low`/`high` are inclusive bounds, `above` an exclusive lower bound (a
@@ -106,7 +113,9 @@ class TrainConfig:
     bn_recalibration_images: int = setting(1024, low=0)
     augment: bool = True
     class_weights: bool = True
-    class_weight_power: float = setting(1.0, low=0.0, high=1.0)  # weight ~ count^-power: 1 inverse frequency, 0.5 square root
+    class_weight_power: float = setting(
+        1.0, low=0.0, high=1.0
+    )  # weight ~ count^-power: 1 inverse frequency, 0.5 square root
     shuffle_buffer: int = setting(512, low=1)
     early_stopping_patience: int = setting(0, low=0)  # epochs without val AUC gain; 0 disables
     elastic: bool = False  # launched by horovodrun --min-np/--max-np/--host-discovery-script
@@ -186,9 +195,7 @@ def from_dict(cls: type, values: dict[str, Any], where: str = "config") -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
-        )
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
     for spec in dataclasses.fields(cls):
         limits = spec.metadata.get("limits")
@@ -246,4 +253,3 @@ def load_config(
             "must be below 1, or nothing is left to train on"
         )
     return config
-

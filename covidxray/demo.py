@@ -49,7 +49,11 @@ def run_demo(workdir: Path, epochs: int, say: Callable[[str], None] = print) -> 
     examples = {row["class"]: Path(row["image"]) for row in reversed(test_rows)}
     model_path = Path(config.train.run_dir) / tflite_name("float32")
     for truth, result in zip(examples, predict_files(list(examples.values()), model_path)):
-        answer = f"predicted {result['label']} ({result['confidence']:.2f})" if "label" in result else f"no class: {result.get('rejected') or result['error']} ({result['reason']})"
+        answer = (
+            f"predicted {result['label']} ({result['confidence']:.2f})"
+            if "label" in result
+            else f"no class: {result.get('rejected') or result['error']} ({result['reason']})"
+        )
         say(f"  {result['file']}: true {truth}, {answer}")
     accuracy = report["float32"]["accuracy"]
     chance = max(manifest["splits"]["test"]["classes"].values()) / manifest["splits"]["test"]["records"]

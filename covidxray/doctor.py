@@ -29,8 +29,13 @@ MEMORY_PROBE_STEPS = 5
 MEMORY_PROBE_TIMEOUT_S = 900
 # Report name -> distributions providing it (TensorFlow is `tensorflow-cpu` on x86-64, `tensorflow` on a Pi).
 VERSIONED_PACKAGES = {
-    "covidxray": ("covidxray",), "tensorflow": ("tensorflow", "tensorflow-cpu"), "keras": ("keras",), "numpy": ("numpy",),
-    "horovod": ("horovod",), "ai-edge-litert": ("ai-edge-litert",), "albumentations": ("albumentations",),
+    "covidxray": ("covidxray",),
+    "tensorflow": ("tensorflow", "tensorflow-cpu"),
+    "keras": ("keras",),
+    "numpy": ("numpy",),
+    "horovod": ("horovod",),
+    "ai-edge-litert": ("ai-edge-litert",),
+    "albumentations": ("albumentations",),
     "opencv": ("opencv-python-headless", "opencv-python"),
 }
 
@@ -45,7 +50,10 @@ def _version(distributions: tuple[str, ...]) -> str | None:
 
 
 def _package_versions() -> dict[str, str | None]:
-    return {"python": platform.python_version(), **{name: _version(dists) for name, dists in VERSIONED_PACKAGES.items()}}
+    return {
+        "python": platform.python_version(),
+        **{name: _version(dists) for name, dists in VERSIONED_PACKAGES.items()},
+    }
 
 
 def _available_memory_mb() -> int | None:
@@ -65,8 +73,19 @@ def check_shards(data_dir: Path) -> dict:
     try:
         manifest = load_manifest(data_dir)
     except UserError as err:
-        return {"data_dir": str(data_dir), "manifest_error": str(err), "shards": 0, "missing": [], "sha256_mismatch": []}
-    return {"data_dir": str(data_dir), "manifest_error": None, "shards": len(manifest["shards"]), **shard_problems(data_dir, manifest)}
+        return {
+            "data_dir": str(data_dir),
+            "manifest_error": str(err),
+            "shards": 0,
+            "missing": [],
+            "sha256_mismatch": [],
+        }
+    return {
+        "data_dir": str(data_dir),
+        "manifest_error": None,
+        "shards": len(manifest["shards"]),
+        **shard_problems(data_dir, manifest),
+    }
 
 
 def training_memory(data_dir: Path, config_path: Path | None, available_mb: int | None) -> dict:
@@ -76,11 +95,25 @@ def training_memory(data_dir: Path, config_path: Path | None, available_mb: int 
     available before the probe started (one rank per board, as in
     configs/pi-cluster.yaml).
     """
-    command = [sys.executable, "-m", "covidxray.train.memory_probe", "--data-dir", str(data_dir), "--steps", str(MEMORY_PROBE_STEPS)]
+    command = [
+        sys.executable,
+        "-m",
+        "covidxray.train.memory_probe",
+        "--data-dir",
+        str(data_dir),
+        "--steps",
+        str(MEMORY_PROBE_STEPS),
+    ]
     if config_path:
         command += ["--config", str(config_path)]
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=MEMORY_PROBE_TIMEOUT_S, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=MEMORY_PROBE_TIMEOUT_S,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        )
     except subprocess.TimeoutExpired:
         return {"fits": False, "error": f"the memory probe did not finish within {MEMORY_PROBE_TIMEOUT_S} s"}
     if result.returncode != 0:
@@ -113,10 +146,19 @@ def gloo_address() -> dict:
     try:
         address = socket.getaddrinfo(hostname, None, socket.AF_UNSPEC, socket.SOCK_STREAM)[0][4][0]
     except socket.gaierror as err:
-        return {"hostname": hostname, "address": None, "reachable": False, "detail": f"{hostname} does not resolve ({err}): add it to /etc/hosts with this board's LAN address"}
+        return {
+            "hostname": hostname,
+            "address": None,
+            "reachable": False,
+            "detail": f"{hostname} does not resolve ({err}): add it to /etc/hosts with this board's LAN address",
+        }
     if ipaddress.ip_address(address).is_loopback:
-        return {"hostname": hostname, "address": address, "reachable": False,
-                "detail": f"{hostname} resolves to {address}: other boards cannot reach Gloo there; in /etc/hosts map {hostname} to this board's LAN address"}
+        return {
+            "hostname": hostname,
+            "address": address,
+            "reachable": False,
+            "detail": f"{hostname} resolves to {address}: other boards cannot reach Gloo there; in /etc/hosts map {hostname} to this board's LAN address",
+        }
     return {"hostname": hostname, "address": address, "reachable": True, "detail": f"{hostname} -> {address}"}
 
 
@@ -147,22 +189,50 @@ def diagnose(data_dir: Path | None = None, config_path: Path | None = None, memo
     if horovod["installed"]:
         controllers = horovod["controllers"]
         checks += [
-            _check("horovod built for TensorFlow", horovod["frameworks"]["tensorflow"],
-                   "built" if horovod["frameworks"]["tensorflow"] else "missing: reinstall horovod against the installed TF (scripts/install.sh)"),
-            _check("gloo controller (horovodrun --gloo, elastic)", controllers["gloo"], "built" if controllers["gloo"] else "missing: rebuild with HOROVOD_WITH_GLOO=1"),
-            _check("mpi controller (mpirun)", controllers["mpi"], "built" if controllers["mpi"] else "missing: install MPICH and rebuild with HOROVOD_WITH_MPI=1", required=False),
-            _check("mpirun", bool(horovod["mpirun"]) or not controllers["mpi"], horovod["mpirun"] or "not on PATH (apt install mpich)", required=False),
+            _check(
+                "horovod built for TensorFlow",
+                horovod["frameworks"]["tensorflow"],
+                "built"
+                if horovod["frameworks"]["tensorflow"]
+                else "missing: reinstall horovod against the installed TF (scripts/install.sh)",
+            ),
+            _check(
+                "gloo controller (horovodrun --gloo, elastic)",
+                controllers["gloo"],
+                "built" if controllers["gloo"] else "missing: rebuild with HOROVOD_WITH_GLOO=1",
+            ),
+            _check(
+                "mpi controller (mpirun)",
+                controllers["mpi"],
+                "built" if controllers["mpi"] else "missing: install MPICH and rebuild with HOROVOD_WITH_MPI=1",
+                required=False,
+            ),
+            _check(
+                "mpirun",
+                bool(horovod["mpirun"]) or not controllers["mpi"],
+                horovod["mpirun"] or "not on PATH (apt install mpich)",
+                required=False,
+            ),
         ]
         if horovod["mpirun"]:
             detected = horovod["horovodrun_mpi_detects"]
-            checks.append(_check(
-                "horovodrun --mpi recognises this MPI", detected not in ("Unknown", "Missing"),
-                detected if detected not in ("Unknown", "Missing")
-                else "no (MPICH 4 prints HYDRA): put scripts/mpich-shim first on PATH, or launch with mpirun -np N -f machinefile",
-                required=False,
-            ))
+            checks.append(
+                _check(
+                    "horovodrun --mpi recognises this MPI",
+                    detected not in ("Unknown", "Missing"),
+                    detected
+                    if detected not in ("Unknown", "Missing")
+                    else "no (MPICH 4 prints HYDRA): put scripts/mpich-shim first on PATH, or launch with mpirun -np N -f machinefile",
+                    required=False,
+                )
+            )
     checks += [
-        _check("free memory", memory_mb is None or memory_mb >= MIN_FREE_MEMORY_MB, f"{memory_mb} MB available" if memory_mb is not None else "unknown", required=False),
+        _check(
+            "free memory",
+            memory_mb is None or memory_mb >= MIN_FREE_MEMORY_MB,
+            f"{memory_mb} MB available" if memory_mb is not None else "unknown",
+            required=False,
+        ),
         _check("free disk", free_disk_mb >= MIN_FREE_DISK_MB, f"{free_disk_mb} MB free at {disk_at}", required=False),
     ]
     gloo = gloo_address()
@@ -171,9 +241,22 @@ def diagnose(data_dir: Path | None = None, config_path: Path | None = None, memo
     if data_dir is not None:
         shards = check_shards(Path(data_dir))
         bad = shards["missing"] + shards["sha256_mismatch"]
-        checks.append(_check("manifest intact (its own checksum)", not shards["manifest_error"], shards["manifest_error"] or "checksum matches"))
-        checks.append(_check("shards match manifest sha256", not bad,
-                             f"{shards['shards']} shards verified" if not bad else f"missing {shards['missing']}, changed {shards['sha256_mismatch']}: re-copy them or re-run prepare"))
+        checks.append(
+            _check(
+                "manifest intact (its own checksum)",
+                not shards["manifest_error"],
+                shards["manifest_error"] or "checksum matches",
+            )
+        )
+        checks.append(
+            _check(
+                "shards match manifest sha256",
+                not bad,
+                f"{shards['shards']} shards verified"
+                if not bad
+                else f"missing {shards['missing']}, changed {shards['sha256_mismatch']}: re-copy them or re-run prepare",
+            )
+        )
         if memory_probe:
             memory = training_memory(Path(data_dir), config_path, memory_mb)
             checks.append(_check("fits this board", memory["fits"], _memory_detail(memory)))
@@ -183,7 +266,13 @@ def diagnose(data_dir: Path | None = None, config_path: Path | None = None, memo
         "machine": platform.machine(),
         "versions": versions,
         "horovod": horovod,
-        "system": {"cores_usable": cores, "cores_total": os.cpu_count(), "memory_available_mb": memory_mb, "disk_free_mb": free_disk_mb, "disk_checked_at": str(disk_at)},
+        "system": {
+            "cores_usable": cores,
+            "cores_total": os.cpu_count(),
+            "memory_available_mb": memory_mb,
+            "disk_free_mb": free_disk_mb,
+            "disk_checked_at": str(disk_at),
+        },
         "shards": shards,
         "training_memory": memory,
         "gloo": gloo,
@@ -194,9 +283,14 @@ def diagnose(data_dir: Path | None = None, config_path: Path | None = None, memo
 def render(report: dict, console) -> None:
     from rich.table import Table
 
-    console.print(f"[bold]{report['host']}[/] ({report['machine']}): " + ", ".join(f"{k} {v or '-'}" for k, v in report["versions"].items()))
+    console.print(
+        f"[bold]{report['host']}[/] ({report['machine']}): "
+        + ", ".join(f"{k} {v or '-'}" for k, v in report["versions"].items())
+    )
     system = report["system"]
-    console.print(f"cores {system['cores_usable']}/{system['cores_total']} usable, {system['memory_available_mb']} MB memory available, {system['disk_free_mb']} MB free at {system['disk_checked_at']}")
+    console.print(
+        f"cores {system['cores_usable']}/{system['cores_total']} usable, {system['memory_available_mb']} MB memory available, {system['disk_free_mb']} MB free at {system['disk_checked_at']}"
+    )
     table = Table("check", "", "detail")
     for check in report["checks"]:
         mark = "[green]ok[/]" if check["ok"] else ("[red]MISSING[/]" if check["required"] else "[yellow]warn[/]")

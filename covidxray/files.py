@@ -81,4 +81,3 @@ def sha256_file(path: str | Path) -> str:
         while block := handle.read(_BLOCK):
             digest.update(block)
     return digest.hexdigest()
-

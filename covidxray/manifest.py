@@ -54,7 +54,10 @@ def content_sha256(manifest: dict) -> str:
 
 
 def seal(manifest: dict) -> dict:
-    return {**manifest, CHECKSUM: {"sha256": canonical_sha256(manifest), "over": "sorted compact JSON of every other key"}}
+    return {
+        **manifest,
+        CHECKSUM: {"sha256": canonical_sha256(manifest), "over": "sorted compact JSON of every other key"},
+    }
 
 
 def write_manifest(data_dir: Path, manifest: dict) -> dict:
@@ -76,8 +79,10 @@ def read_manifest(path: Path) -> dict:
     if not isinstance(sealed, dict) or "sha256" not in sealed:
         raise UserError(f"{path} carries no checksum (written by an older covidxray, or edited); {_RERUN}")
     if sealed["sha256"] != canonical_sha256(manifest):
-        raise UserError(f"{path} was changed after prepare wrote it (its content no longer matches its checksum), so its labels "
-                        f"and shard list cannot be trusted; restore it, or {_RERUN}")
+        raise UserError(
+            f"{path} was changed after prepare wrote it (its content no longer matches its checksum), so its labels "
+            f"and shard list cannot be trusted; restore it, or {_RERUN}"
+        )
     return manifest
 
 
@@ -134,5 +139,7 @@ def describe_shard_problems(data_dir: str | Path, problems: dict[str, list[str]]
         parts.append(f"damaged (sha256 differs from {MANIFEST}): {', '.join(problems['sha256_mismatch'])}")
     if problems["missing"]:
         parts.append(f"missing: {', '.join(problems['missing'])}")
-    return (f"shards in {Path(data_dir) / SHARD_DIR} {'; '.join(parts)}. Re-run `covidxray prepare` with the same config to "
-            "repair them (intact shards are kept), or copy them again from the machine that prepared them")
+    return (
+        f"shards in {Path(data_dir) / SHARD_DIR} {'; '.join(parts)}. Re-run `covidxray prepare` with the same config to "
+        "repair them (intact shards are kept), or copy them again from the machine that prepared them"
+    )

@@ -28,7 +28,9 @@ class Registry(Generic[T]):
         if not name:
             raise ValueError(f"a {self.kind} needs a name")
         if name in self._entries:
-            raise ValueError(f"{self.kind} {name!r} is registered twice (by {self._entries[name][0]!r} and {entry!r}): pick another name")
+            raise ValueError(
+                f"{self.kind} {name!r} is registered twice (by {self._entries[name][0]!r} and {entry!r}): pick another name"
+            )
         self._entries[name] = (entry, " ".join(description.split()))
         return entry
 

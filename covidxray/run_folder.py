@@ -72,6 +72,8 @@ def read_latest(run_dir: Path) -> dict | None:
         saved = f"not JSON: {err}"
     if not (isinstance(saved, dict) and isinstance(saved.get("path"), str) and isinstance(saved.get("epoch"), int)):
         detail = saved if isinstance(saved, str) else "no checkpoint path and epoch"
-        raise UserError(f"{latest} is damaged ({detail}), so the last complete checkpoint is unknown; start over without "
-                        "--resume (the checkpoint folders beside it are not trusted without it)")
+        raise UserError(
+            f"{latest} is damaged ({detail}), so the last complete checkpoint is unknown; start over without "
+            "--resume (the checkpoint folders beside it are not trusted without it)"
+        )
     return saved

@@ -9,9 +9,14 @@ from covidxray.errors import UserError
 
 # Top-level modules that only the training install provides -> what to call them in the message.
 TRAIN_STACK_MODULES = {
-    "tensorflow": "TensorFlow", "keras": "Keras (TensorFlow)", "tf_keras": "Keras (TensorFlow)",
-    "sklearn": "scikit-learn", "albumentations": "albumentations", "kaggle": "the kaggle client",
-    "matplotlib": "matplotlib", "horovod": "Horovod",
+    "tensorflow": "TensorFlow",
+    "keras": "Keras (TensorFlow)",
+    "tf_keras": "Keras (TensorFlow)",
+    "sklearn": "scikit-learn",
+    "albumentations": "albumentations",
+    "kaggle": "the kaggle client",
+    "matplotlib": "matplotlib",
+    "horovod": "Horovod",
 }
 
 

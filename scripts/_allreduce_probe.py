@@ -25,6 +25,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+
 def time_allreduce(hvd, tensors: list, steps: int, compression, warmup: int = 3) -> list[float]:
     """Seconds of each timed `grouped_allreduce` of `tensors` (after `warmup` untimed calls)."""
     import tensorflow as tf
@@ -66,18 +67,25 @@ def main() -> None:
         report["sizes"] = []
         for size_mib in args.sizes_mib:
             tensor = tf.random.normal([int(size_mib * 2**20) // 4])
-            report["sizes"].append({"bytes": int(tensor.shape.num_elements()) * 4, "seconds": time_allreduce(hvd, [tensor], args.steps, compression, args.warmup)})
+            report["sizes"].append(
+                {
+                    "bytes": int(tensor.shape.num_elements()) * 4,
+                    "seconds": time_allreduce(hvd, [tensor], args.steps, compression, args.warmup),
+                }
+            )
     else:
         from covidxray.train.models import build_model
 
         model = build_model(args.model, args.image_size, args.classes)
         gradients = [tf.random.normal(v.shape) for v in model.trainable_variables]
-        report.update({
-            "tensors": len(gradients),
-            "parameters": int(sum(int(g.shape.num_elements()) for g in gradients)),
-            "bytes": int(sum(int(g.shape.num_elements()) * g.dtype.size for g in gradients)),
-            "seconds": time_allreduce(hvd, gradients, args.steps, compression, args.warmup),
-        })
+        report.update(
+            {
+                "tensors": len(gradients),
+                "parameters": int(sum(int(g.shape.num_elements()) for g in gradients)),
+                "bytes": int(sum(int(g.shape.num_elements()) * g.dtype.size for g in gradients)),
+                "seconds": time_allreduce(hvd, gradients, args.steps, compression, args.warmup),
+            }
+        )
     if world.is_root:
         args.out.write_text(json.dumps(report))
 

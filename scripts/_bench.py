@@ -32,10 +32,19 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-PACKAGES = ("tensorflow-cpu", "tensorflow", "horovod", "ai-edge-litert", "opencv-python-headless", "numpy", "albumentations")
+PACKAGES = (
+    "tensorflow-cpu",
+    "tensorflow",
+    "horovod",
+    "ai-edge-litert",
+    "opencv-python-headless",
+    "numpy",
+    "albumentations",
+)
 
 
 # --- running -------------------------------------------------------------------------------------------
+
 
 class Bench:
     """One benchmark run: its arguments, and the report it ends with."""
@@ -43,11 +52,28 @@ class Bench:
     def __init__(self, name: str, description: str):
         self.name = name
         self.started_load = os.getloadavg()
-        self.parser = argparse.ArgumentParser(prog=f"scripts/bench_{name}.py", description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-        self.parser.add_argument("--out", type=Path, default=Path(f"bench-{name}.json"), help="JSON report (default: %(default)s)")
-        self.parser.add_argument("--workdir", type=Path, default=Path("bench-work"), help="generated data, runs, caches (reused between runs)")
-        self.parser.add_argument("--repeats", type=int, default=5, help="rounds over all cases; figures are medians (default: %(default)s)")
-        self.parser.add_argument("--quick", action="store_true", help="tiny sizes, one round: checks that the benchmark runs; the figures mean nothing")
+        self.parser = argparse.ArgumentParser(
+            prog=f"scripts/bench_{name}.py",
+            description=description,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        self.parser.add_argument(
+            "--out", type=Path, default=Path(f"bench-{name}.json"), help="JSON report (default: %(default)s)"
+        )
+        self.parser.add_argument(
+            "--workdir",
+            type=Path,
+            default=Path("bench-work"),
+            help="generated data, runs, caches (reused between runs)",
+        )
+        self.parser.add_argument(
+            "--repeats", type=int, default=5, help="rounds over all cases; figures are medians (default: %(default)s)"
+        )
+        self.parser.add_argument(
+            "--quick",
+            action="store_true",
+            help="tiny sizes, one round: checks that the benchmark runs; the figures mean nothing",
+        )
         self.tables: list[dict] = []
         self.goals: list[dict] = []
 
@@ -79,7 +105,11 @@ class Bench:
             "command": command_line(),
             "quick": bool(args.quick),
             "repeats": args.repeats,
-            "environment": {**environment(), "load_average_start": self.started_load, "load_average_end": os.getloadavg()},
+            "environment": {
+                **environment(),
+                "load_average_start": self.started_load,
+                "load_average_end": os.getloadavg(),
+            },
             "results": results,
             "tables": self.tables,
             "goals": self.goals,
@@ -114,7 +144,9 @@ def environment() -> dict:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             pass
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     return {
         "python": platform.python_version(),
         "machine": platform.machine(),
@@ -135,7 +167,9 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def run(cmd: list[str], env: dict | None = None, timeout: int = 3600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], env: dict | None = None, timeout: int = 3600, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run a command the way a user would; on failure stop the benchmark with its stderr."""
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
@@ -156,7 +190,9 @@ def measured_run(cmd: list[str], env: dict | None = None) -> tuple[subprocess.Co
     """Run `cmd` under the launcher: (its result, exit code, peak RSS in MiB of its largest process, wall seconds)."""
     with tempfile.TemporaryDirectory() as tmp:
         measured = Path(tmp) / "rusage.json"
-        result = subprocess.run([sys.executable, "-c", _LAUNCHER, str(measured), *cmd], capture_output=True, text=True, env=env)
+        result = subprocess.run(
+            [sys.executable, "-c", _LAUNCHER, str(measured), *cmd], capture_output=True, text=True, env=env
+        )
         code, max_rss_kib, seconds = json.loads(measured.read_text())
     return result, code, max_rss_kib / 1024, seconds  # Linux reports KiB
 
@@ -166,6 +202,7 @@ def covidxray(*args: str) -> list[str]:
 
 
 # --- timing --------------------------------------------------------------------------------------------
+
 
 class Samples:
     """Seconds per case per round: wall time, and CPU time of this process plus its finished children."""
@@ -260,7 +297,12 @@ def parse_cases(text: str) -> list[tuple[str, int]]:
 
 # --- data ----------------------------------------------------------------------------------------------
 
-TALO_FOLDERS = {"normal": "No_findings", "pneumonia/bacterial": "Pneumonia", "pneumonia/viral": "Pneumonia", "covid-19": "Covid-19"}
+TALO_FOLDERS = {
+    "normal": "No_findings",
+    "pneumonia/bacterial": "Pneumonia",
+    "pneumonia/viral": "Pneumonia",
+    "covid-19": "Covid-19",
+}
 
 
 def _phantom_chunk(job: tuple[Path, int, int, int, int]) -> list[tuple[Path, str, int]]:
@@ -270,7 +312,10 @@ def _phantom_chunk(job: tuple[Path, int, int, int, int]) -> list[tuple[Path, str
     scratch, first, count, px, seed = job
     generate(scratch, SyntheticOptions(patients=count, max_images_per_patient=1, image_size=px, seed=seed))
     with open(scratch / "labels.csv", newline="") as handle:
-        return [(scratch / "images" / row["file"], row["label"], first + int(row["patient"])) for row in csv.DictReader(handle)]
+        return [
+            (scratch / "images" / row["file"], row["label"], first + int(row["patient"]))
+            for row in csv.DictReader(handle)
+        ]
 
 
 def talo_phantoms(root: Path, count: int, px: int) -> Path:
@@ -295,7 +340,11 @@ def talo_phantoms(root: Path, count: int, px: int) -> Path:
         folder = root / "X-Ray Image DataSet" / TALO_FOLDERS[label]
         folder.mkdir(parents=True, exist_ok=True)
         if n % 2:
-            cv2.imwrite(str(folder / f"{patient:08d}_000.jpg"), cv2.imread(str(png), cv2.IMREAD_GRAYSCALE), [cv2.IMWRITE_JPEG_QUALITY, 95])
+            cv2.imwrite(
+                str(folder / f"{patient:08d}_000.jpg"),
+                cv2.imread(str(png), cv2.IMREAD_GRAYSCALE),
+                [cv2.IMWRITE_JPEG_QUALITY, 95],
+            )
         else:
             os.replace(png, folder / f"{patient:08d}_000.png")
     shutil.rmtree(root / "scratch")
@@ -307,20 +356,39 @@ def image_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.suffix.lower() in (".png", ".jpg"))
 
 
-def prepared_synthetic(data_dir: Path, image_size: int, patients: int, records_per_shard: int = 64, val_fraction: float = 0.15, test_fraction: float = 0.15) -> Path:
+def prepared_synthetic(
+    data_dir: Path,
+    image_size: int,
+    patients: int,
+    records_per_shard: int = 64,
+    val_fraction: float = 0.15,
+    test_fraction: float = 0.15,
+) -> Path:
     """Phantom set prepared by `covidxray.data.prepare.prepare` (idempotent: a re-run reuses its shards)."""
     from covidxray.config import load_config
     from covidxray.data.prepare import prepare
 
-    config = load_config(None, [{"data": {
-        "sources": {"synthetic": {"patients": patients}}, "data_dir": str(data_dir), "image_size": image_size,
-        "records_per_shard": records_per_shard, "val_fraction": val_fraction, "test_fraction": test_fraction,
-    }}])
+    config = load_config(
+        None,
+        [
+            {
+                "data": {
+                    "sources": {"synthetic": {"patients": patients}},
+                    "data_dir": str(data_dir),
+                    "image_size": image_size,
+                    "records_per_shard": records_per_shard,
+                    "val_fraction": val_fraction,
+                    "test_fraction": test_fraction,
+                }
+            }
+        ],
+    )
     prepare(config.data, log=lambda _msg: None)
     return data_dir
 
 
 # --- output --------------------------------------------------------------------------------------------
+
 
 def _cell(value: Any) -> Any:
     if isinstance(value, float):

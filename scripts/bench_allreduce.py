@@ -78,7 +78,9 @@ def state() -> dict[str, str]:
 
 
 def in_namespace(namespace: str, code: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", namespace, sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True
+    )
 
 
 def link_check(name: str, subnet: str, seconds: float) -> dict:
@@ -92,18 +94,40 @@ def link_check(name: str, subnet: str, seconds: float) -> dict:
     return {"tcp_payload_mbit_per_s": payload * 8 / 1e6, "tcp_rtt_s": rtt}
 
 
-def allreduce_job(cluster: dict, ranks: int, sizes_mib: list[float], steps: int, compression: str, workdir: Path) -> dict:
+def allreduce_job(
+    cluster: dict, ranks: int, sizes_mib: list[float], steps: int, compression: str, workdir: Path
+) -> dict:
     """One horovodrun job over the emulated boards: {bytes: [seconds of each timed call]}."""
     hostfile = workdir / f"hostfile-{ranks}"
     hostfile.write_text("".join(f"{cluster['SUBNET']}.{10 + i} slots=1\n" for i in range(1, ranks + 1)))
     out = workdir / f"allreduce-{cluster['LINE_MBIT']}-{ranks}-{compression}.json"
     out.unlink(missing_ok=True)
     horovodrun = [
-        str(_bench.VENV_BIN / "horovodrun"), "--gloo", "-np", str(ranks), "--hostfile", str(hostfile),
-        "--ssh-identity-file", f"{cluster['STATE']}/id_ed25519", "--network-interface", "eth0",
-        "--disable-cache", "--start-timeout", "300",
-        str(_bench.VENV_BIN / "python"), str(PROBE), "--sizes-mib", *map(str, sizes_mib),
-        "--steps", str(steps), "--warmup", "1", "--compression", compression, "--out", str(out),
+        str(_bench.VENV_BIN / "horovodrun"),
+        "--gloo",
+        "-np",
+        str(ranks),
+        "--hostfile",
+        str(hostfile),
+        "--ssh-identity-file",
+        f"{cluster['STATE']}/id_ed25519",
+        "--network-interface",
+        "eth0",
+        "--disable-cache",
+        "--start-timeout",
+        "300",
+        str(_bench.VENV_BIN / "python"),
+        str(PROBE),
+        "--sizes-mib",
+        *map(str, sizes_mib),
+        "--steps",
+        str(steps),
+        "--warmup",
+        "1",
+        "--compression",
+        compression,
+        "--out",
+        str(out),
     ]
     netcluster("exec", "--", *horovodrun)
     report = json.loads(out.read_text())
@@ -114,7 +138,10 @@ def model_gradients(image_size: int, classes: int) -> dict[str, int]:
     """Trainable parameters of every registered model (what one step's gradient allreduce carries)."""
     from covidxray.train.models import MODEL_REGISTRY, build_model
 
-    return {name: int(sum(int(v.shape.num_elements()) for v in build_model(name, image_size, classes).trainable_variables)) for name in MODEL_REGISTRY}
+    return {
+        name: int(sum(int(v.shape.num_elements()) for v in build_model(name, image_size, classes).trainable_variables))
+        for name in MODEL_REGISTRY
+    }
 
 
 def compute_step(model_name: str, image_size: int, classes: int, batch: int, steps: int) -> dict:
@@ -150,34 +177,85 @@ def compute_step(model_name: str, image_size: int, classes: int, batch: int, ste
 
 def _with_int_keys(line_rates: dict) -> dict:
     """JSON turned the integer keys (line rate, ranks, bytes) into strings: turn them back."""
+
     def sizes(job: dict) -> dict:
         return {int(size): seconds for size, seconds in job.items()}
 
-    return {int(line): {**m, "float32": {int(r): sizes(job) for r, job in m["float32"].items()}, "fp16_at_max_ranks": sizes(m["fp16_at_max_ranks"])}
-            for line, m in line_rates.items()}
+    return {
+        int(line): {
+            **m,
+            "float32": {int(r): sizes(job) for r, job in m["float32"].items()},
+            "fp16_at_max_ranks": sizes(m["fp16_at_max_ranks"]),
+        }
+        for line, m in line_rates.items()
+    }
 
 
 def main() -> None:
     bench = _bench.Bench("allreduce", __doc__)
     bench.parser.set_defaults(repeats=7)
-    bench.parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8], help="emulated boards per job (default: %(default)s)")
-    bench.parser.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128], help="allreduce sizes at 1000 Mbit/s (default: %(default)s)")
-    bench.parser.add_argument("--slow-sizes-mib", type=float, nargs="+", default=[1, 4, 16, 64], help="sizes on slower links, 10x the time per byte (default: %(default)s)")
-    bench.parser.add_argument("--line-mbit", type=int, nargs="+", default=[1000, 100], help="line rates to emulate; the first is the goal's (default: %(default)s)")
-    bench.parser.add_argument("--boards", type=int, default=35, help="extrapolate to this many ranks (default: %(default)s)")
+    bench.parser.add_argument(
+        "--ranks", type=int, nargs="+", default=[2, 4, 8], help="emulated boards per job (default: %(default)s)"
+    )
+    bench.parser.add_argument(
+        "--sizes-mib",
+        type=float,
+        nargs="+",
+        default=[1, 2, 4, 8, 16, 32, 64, 128],
+        help="allreduce sizes at 1000 Mbit/s (default: %(default)s)",
+    )
+    bench.parser.add_argument(
+        "--slow-sizes-mib",
+        type=float,
+        nargs="+",
+        default=[1, 4, 16, 64],
+        help="sizes on slower links, 10x the time per byte (default: %(default)s)",
+    )
+    bench.parser.add_argument(
+        "--line-mbit",
+        type=int,
+        nargs="+",
+        default=[1000, 100],
+        help="line rates to emulate; the first is the goal's (default: %(default)s)",
+    )
+    bench.parser.add_argument(
+        "--boards", type=int, default=35, help="extrapolate to this many ranks (default: %(default)s)"
+    )
     bench.parser.add_argument("--image-size", type=int, default=224)
     bench.parser.add_argument("--batch-size", type=int, default=16, help="per rank (default: %(default)s)")
     bench.parser.add_argument("--classes", type=int, default=3)
-    bench.parser.add_argument("--compute-steps", type=int, default=8, help="timed training steps per model (default: %(default)s)")
+    bench.parser.add_argument(
+        "--compute-steps", type=int, default=8, help="timed training steps per model (default: %(default)s)"
+    )
     bench.parser.add_argument("--link-seconds", type=float, default=4.0)
-    bench.parser.add_argument("--from-measured", action="store_true", help="skip the network measurements: reuse WORKDIR/allreduce-measured.json of an earlier run")
-    args = bench.parse({"ranks": [2], "sizes_mib": [1, 4], "slow_sizes_mib": [1], "line_mbit": [1000], "compute_steps": 1, "link_seconds": 1.0, "image_size": 64})
+    bench.parser.add_argument(
+        "--from-measured",
+        action="store_true",
+        help="skip the network measurements: reuse WORKDIR/allreduce-measured.json of an earlier run",
+    )
+    args = bench.parse(
+        {
+            "ranks": [2],
+            "sizes_mib": [1, 4],
+            "slow_sizes_mib": [1],
+            "line_mbit": [1000],
+            "compute_steps": 1,
+            "link_seconds": 1.0,
+            "image_size": 64,
+        }
+    )
     if os.geteuid() != 0 and not args.from_measured:
         sys.exit("bench_allreduce.py needs root (it builds network namespaces and tc shaping): run it with sudo")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` tears the cluster down
 
     measured_file = args.workdir / "allreduce-measured.json"
-    results: dict = {"line_rates": {}, "ranks": args.ranks, "boards": args.boards, "image_size": args.image_size, "batch_size_per_rank": args.batch_size}
+    results: dict = {
+        "line_rates": {},
+        "ranks": args.ranks,
+        "boards": args.boards,
+        "image_size": args.image_size,
+        "batch_size_per_rank": args.batch_size,
+    }
     if args.from_measured:
         results["line_rates"] = _with_int_keys(json.loads(measured_file.read_text()))
     for line_mbit in [] if args.from_measured else args.line_mbit:
@@ -186,12 +264,21 @@ def main() -> None:
         try:
             cluster = state()
             link = link_check(CLUSTER_NAME, cluster["SUBNET"], args.link_seconds)
-            jobs = {ranks: allreduce_job(cluster, ranks, sizes, args.repeats, "none", args.workdir) for ranks in args.ranks}
+            jobs = {
+                ranks: allreduce_job(cluster, ranks, sizes, args.repeats, "none", args.workdir) for ranks in args.ranks
+            }
             fp16 = allreduce_job(cluster, max(args.ranks), sizes, args.repeats, "fp16", args.workdir)
         finally:
             netcluster("down")
-        results["line_rates"][line_mbit] = {"link": link, "float32": jobs, "fp16_at_max_ranks": fp16, "load_average_after": os.getloadavg()}
-        measured_file.write_text(json.dumps(results["line_rates"]))  # the network part is the slow one: keep it for --from-measured
+        results["line_rates"][line_mbit] = {
+            "link": link,
+            "float32": jobs,
+            "fp16_at_max_ranks": fp16,
+            "load_average_after": os.getloadavg(),
+        }
+        measured_file.write_text(
+            json.dumps(results["line_rates"])
+        )  # the network part is the slow one: keep it for --from-measured
 
     rows, fit_rows, floor_rows, model_rows = [], [], [], []
     classes = args.classes
@@ -199,30 +286,65 @@ def main() -> None:
 
     configure_threads(1)  # all of this machine's cores, as one rank per board has all of the board's
     gradients = model_gradients(args.image_size, classes)
-    compute = {name: compute_step(name, args.image_size, classes, args.batch_size, args.compute_steps) for name in gradients}
+    compute = {
+        name: compute_step(name, args.image_size, classes, args.batch_size, args.compute_steps) for name in gradients
+    }
     results["parameters"], results["compute"] = gradients, compute
     top = max(args.ranks)
     for line_mbit, measured in results["line_rates"].items():
-        points = [(ranks, size, statistics.median(seconds)) for ranks, job in measured["float32"].items() for size, seconds in job.items()]
+        points = [
+            (ranks, size, statistics.median(seconds))
+            for ranks, job in measured["float32"].items()
+            for size, seconds in job.items()
+        ]
         model = _ring.fit(points)
         measured["fit"] = model
         payload = _ring.payload_bandwidth(line_mbit)
         link = measured["link"]
-        fit_rows.append([line_mbit, f"{payload * 8 / 1e6:.1f}", f"{link['tcp_payload_mbit_per_s']:.1f}", f"{link['tcp_rtt_s'] * 1e6:.0f}",
-                         f"{model['bandwidth_mbit_per_s']:.1f}", f"{model['latency_s'] * 1e6:.0f}", f"{model['rms_residual']:.1%}", f"{model['max_abs_residual']:.1%}"])
+        fit_rows.append(
+            [
+                line_mbit,
+                f"{payload * 8 / 1e6:.1f}",
+                f"{link['tcp_payload_mbit_per_s']:.1f}",
+                f"{link['tcp_rtt_s'] * 1e6:.0f}",
+                f"{model['bandwidth_mbit_per_s']:.1f}",
+                f"{model['latency_s'] * 1e6:.0f}",
+                f"{model['rms_residual']:.1%}",
+                f"{model['max_abs_residual']:.1%}",
+            ]
+        )
         for (ranks, size, seconds), residual in zip(points, model["residuals"]):
-            rows.append([line_mbit, ranks, f"{_bench.mib(size):g}", seconds * 1e3, _ring.floor_seconds(ranks, size, line_mbit) * 1e3,
-                         f"{seconds / _ring.floor_seconds(ranks, size, line_mbit):.2f}", f"{residual:+.1%}"])
-        ratios = {size: statistics.median(seconds) / _ring.floor_seconds(top, size, line_mbit) for size, seconds in measured["float32"][top].items()}
-        fp16_ratio = {size: statistics.median(measured["fp16_at_max_ranks"][size]) / statistics.median(seconds) for size, seconds in measured["float32"][top].items()}
+            rows.append(
+                [
+                    line_mbit,
+                    ranks,
+                    f"{_bench.mib(size):g}",
+                    seconds * 1e3,
+                    _ring.floor_seconds(ranks, size, line_mbit) * 1e3,
+                    f"{seconds / _ring.floor_seconds(ranks, size, line_mbit):.2f}",
+                    f"{residual:+.1%}",
+                ]
+            )
+        ratios = {
+            size: statistics.median(seconds) / _ring.floor_seconds(top, size, line_mbit)
+            for size, seconds in measured["float32"][top].items()
+        }
+        fp16_ratio = {
+            size: statistics.median(measured["fp16_at_max_ranks"][size]) / statistics.median(seconds)
+            for size, seconds in measured["float32"][top].items()
+        }
         measured["ratio_to_floor_at_max_ranks"], measured["fp16_over_float32_at_max_ranks"] = ratios, fp16_ratio
         for size in ratios:
             floor_rows.append([line_mbit, f"{_bench.mib(size):g}", f"{ratios[size]:.2f}", f"{fp16_ratio[size]:.2f}"])
         if line_mbit == args.line_mbit[0]:
             worst = max(ratios, key=ratios.get)
-            bench.at_most(f"{top}-rank allreduce / ring floor at {line_mbit} Mbit/s, worst size", ratios[worst], 1.2,
-                          f"worst at {_bench.mib(worst):g} MiB; per size {', '.join(f'{_bench.mib(s):g} MiB {r:.2f}' for s, r in ratios.items())}; "
-                          f"load average {measured['load_average_after'][0]:.1f} after the jobs")
+            bench.at_most(
+                f"{top}-rank allreduce / ring floor at {line_mbit} Mbit/s, worst size",
+                ratios[worst],
+                1.2,
+                f"worst at {_bench.mib(worst):g} MiB; per size {', '.join(f'{_bench.mib(s):g} MiB {r:.2f}' for s, r in ratios.items())}; "
+                f"load average {measured['load_average_after'][0]:.1f} after the jobs",
+            )
 
         # fp16 halves the bytes on the wire but adds two casts per element: their cost on this CPU is what the
         # measured fp16 time at the largest size exceeds the fit's time for half the bytes
@@ -240,28 +362,99 @@ def main() -> None:
                 floor_s = _ring.floor_seconds(args.boards, size, line_mbit)
                 # the fitted L also holds each ring step's wait for its peer process to get a core (8 ranks share 2 here);
                 # a board's rank has its own cores, so also: fitted B with L = the link's measured one-way latency
-                link_latency_s = reduce_s - _ring.ring_seconds(args.boards, size, model["bandwidth_bytes_per_s"], model["latency_s"]) \
-                    + _ring.ring_seconds(args.boards, size, model["bandwidth_bytes_per_s"], measured["link"]["tcp_rtt_s"] / 2)
+                link_latency_s = (
+                    reduce_s
+                    - _ring.ring_seconds(args.boards, size, model["bandwidth_bytes_per_s"], model["latency_s"])
+                    + _ring.ring_seconds(
+                        args.boards, size, model["bandwidth_bytes_per_s"], measured["link"]["tcp_rtt_s"] / 2
+                    )
+                )
                 at_link = _ring.predict_step(step, link_latency_s, args.boards, args.batch_size)
-                predicted, at_floor = _ring.predict_step(step, reduce_s, args.boards, args.batch_size), _ring.predict_step(step, floor_s, args.boards, args.batch_size)
-                measured["predictions"][f"{name}/{compression}"] = {"gradient_bytes": size, "allreduce_s": reduce_s, "floor_s": floor_s, "compute_s": step, **predicted,
-                                                                      "floor_efficiency": at_floor["efficiency"], "link_latency_allreduce_s": link_latency_s,
-                                                                      "link_latency_efficiency": at_link["efficiency"], "compute_s_for_90_percent": 9 * reduce_s,
-                                                                      "single_board_images_per_s": args.batch_size / step}
-                model_rows.append([line_mbit, name, compression, f"{_bench.mib(size):.1f}", step * 1e3, reduce_s * 1e3, floor_s * 1e3,
-                                   f"{predicted['images_per_s']:.0f}", f"{predicted['efficiency']:.1%}", f"{predicted['efficiency_full_overlap']:.1%}",
-                                   f"{at_link['efficiency']:.1%}", f"{at_floor['efficiency']:.1%}", 9 * reduce_s * 1e3])
+                predicted, at_floor = (
+                    _ring.predict_step(step, reduce_s, args.boards, args.batch_size),
+                    _ring.predict_step(step, floor_s, args.boards, args.batch_size),
+                )
+                measured["predictions"][f"{name}/{compression}"] = {
+                    "gradient_bytes": size,
+                    "allreduce_s": reduce_s,
+                    "floor_s": floor_s,
+                    "compute_s": step,
+                    **predicted,
+                    "floor_efficiency": at_floor["efficiency"],
+                    "link_latency_allreduce_s": link_latency_s,
+                    "link_latency_efficiency": at_link["efficiency"],
+                    "compute_s_for_90_percent": 9 * reduce_s,
+                    "single_board_images_per_s": args.batch_size / step,
+                }
+                model_rows.append(
+                    [
+                        line_mbit,
+                        name,
+                        compression,
+                        f"{_bench.mib(size):.1f}",
+                        step * 1e3,
+                        reduce_s * 1e3,
+                        floor_s * 1e3,
+                        f"{predicted['images_per_s']:.0f}",
+                        f"{predicted['efficiency']:.1%}",
+                        f"{predicted['efficiency_full_overlap']:.1%}",
+                        f"{at_link['efficiency']:.1%}",
+                        f"{at_floor['efficiency']:.1%}",
+                        9 * reduce_s * 1e3,
+                    ]
+                )
                 if line_mbit == args.line_mbit[0] and name == "mobilenet_v3_small":
-                    bench.at_least(f"predicted {args.boards}-board efficiency, mobilenet_v3_small @{args.image_size} on {line_mbit} Mbit/s, {compression} (no overlap)",
-                                   predicted["efficiency"], 0.9,
-                                   f"compute {step * 1e3:.0f} ms/step on this VM, allreduce {reduce_s * 1e3:.0f} ms of {_bench.mib(size):.1f} MiB, floor {floor_s * 1e3:.0f} ms; "
-                                   f"{at_link['efficiency']:.0%} with L = the link's one-way latency; 90% needs a step of {9 * reduce_s * 1e3:.0f} ms")
+                    bench.at_least(
+                        f"predicted {args.boards}-board efficiency, mobilenet_v3_small @{args.image_size} on {line_mbit} Mbit/s, {compression} (no overlap)",
+                        predicted["efficiency"],
+                        0.9,
+                        f"compute {step * 1e3:.0f} ms/step on this VM, allreduce {reduce_s * 1e3:.0f} ms of {_bench.mib(size):.1f} MiB, floor {floor_s * 1e3:.0f} ms; "
+                        f"{at_link['efficiency']:.0%} with L = the link's one-way latency; 90% needs a step of {9 * reduce_s * 1e3:.0f} ms",
+                    )
 
-    bench.table("link check: one TCP stream between two emulated boards", ["line Mbit/s", "payload floor Mbit/s", "TCP payload Mbit/s", "TCP RTT us", "fitted B Mbit/s", "fitted L us", "rms residual", "max residual"], fit_rows)
-    bench.table(f"allreduce (Gloo ring, float32), median of {args.repeats} calls, vs the ring floor", ["line Mbit/s", "ranks", "MiB", "measured ms", "floor ms", "measured / floor", "fit residual"], rows)
-    bench.table(f"at {top} ranks: measured / floor, and fp16-compressed / float32 time", ["line Mbit/s", "MiB", "float32 / floor", "fp16 / float32"], floor_rows)
-    bench.table(f"predicted at {args.boards} boards, batch {args.batch_size} per board, {args.image_size} px (compute measured on this VM)",
-                ["line Mbit/s", "model", "compression", "gradient MiB", "compute ms", "allreduce ms (fit)", "allreduce ms (floor)", "images/s", "efficiency", "efficiency, full overlap", "efficiency, L = link latency", "efficiency at floor", "compute ms for 90%"], model_rows)
+    bench.table(
+        "link check: one TCP stream between two emulated boards",
+        [
+            "line Mbit/s",
+            "payload floor Mbit/s",
+            "TCP payload Mbit/s",
+            "TCP RTT us",
+            "fitted B Mbit/s",
+            "fitted L us",
+            "rms residual",
+            "max residual",
+        ],
+        fit_rows,
+    )
+    bench.table(
+        f"allreduce (Gloo ring, float32), median of {args.repeats} calls, vs the ring floor",
+        ["line Mbit/s", "ranks", "MiB", "measured ms", "floor ms", "measured / floor", "fit residual"],
+        rows,
+    )
+    bench.table(
+        f"at {top} ranks: measured / floor, and fp16-compressed / float32 time",
+        ["line Mbit/s", "MiB", "float32 / floor", "fp16 / float32"],
+        floor_rows,
+    )
+    bench.table(
+        f"predicted at {args.boards} boards, batch {args.batch_size} per board, {args.image_size} px (compute measured on this VM)",
+        [
+            "line Mbit/s",
+            "model",
+            "compression",
+            "gradient MiB",
+            "compute ms",
+            "allreduce ms (fit)",
+            "allreduce ms (floor)",
+            "images/s",
+            "efficiency",
+            "efficiency, full overlap",
+            "efficiency, L = link latency",
+            "efficiency at floor",
+            "compute ms for 90%",
+        ],
+        model_rows,
+    )
     bench.finish(args, results)
 
 

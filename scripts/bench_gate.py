@@ -40,8 +40,14 @@ def outcome(result: dict) -> str:
     return "unreadable" if result["reason"] in ("unreadable", "unsupported") else "decoder"
 
 
-def margin_sensitivity(ood: dict | None, scores: dict[str, list[float]], refused_radiographs: int, radiographs: int,
-                       rejected_others: int, others: int) -> list[dict]:
+def margin_sensitivity(
+    ood: dict | None,
+    scores: dict[str, list[float]],
+    refused_radiographs: int,
+    radiographs: int,
+    rejected_others: int,
+    others: int,
+) -> list[dict]:
     """Rates at larger margins: an image refused by the OOD score at distance d stays refused while d > val max x margin."""
     if not ood:
         return []
@@ -51,9 +57,16 @@ def margin_sensitivity(ood: dict | None, scores: dict[str, list[float]], refused
         threshold = val_max * margin
         kept_radiographs = sum(d <= threshold for d in scores["radiograph"])
         kept_others = sum(d <= threshold for d in scores["other"])
-        rows.append({"margin": margin, "threshold": threshold,
-                     "false_rejections": refused_radiographs - kept_radiographs, "false_rejection_rate": (refused_radiographs - kept_radiographs) / radiographs,
-                     "rejected": rejected_others - kept_others, "rejection_rate": (rejected_others - kept_others) / others})
+        rows.append(
+            {
+                "margin": margin,
+                "threshold": threshold,
+                "false_rejections": refused_radiographs - kept_radiographs,
+                "false_rejection_rate": (refused_radiographs - kept_radiographs) / radiographs,
+                "rejected": rejected_others - kept_others,
+                "rejection_rate": (rejected_others - kept_others) / others,
+            }
+        )
     return rows
 
 
@@ -63,7 +76,18 @@ def build_run(args) -> Path:
         return run_dir
     data = _bench.prepared_synthetic(args.workdir / "gate-data", 32, 40)
     _bench.run(_bench.covidxray("train", "--data-dir", str(data), "--run-dir", str(run_dir), "--epochs", "1"))
-    _bench.run(_bench.covidxray("export", "--run-dir", str(run_dir), "--data-dir", str(data), f"--format={args.format}", "--set", "export.int8_min_agreement=0"))
+    _bench.run(
+        _bench.covidxray(
+            "export",
+            "--run-dir",
+            str(run_dir),
+            "--data-dir",
+            str(data),
+            f"--format={args.format}",
+            "--set",
+            "export.int8_min_agreement=0",
+        )
+    )
     return run_dir
 
 
@@ -71,7 +95,9 @@ def main() -> None:
     bench = _bench.Bench("gate", __doc__)
     bench.parser.add_argument("--run-dir", type=Path, help="exported run (default: a phantom model trained here)")
     bench.parser.add_argument("--format", default="float32", help="which model-<format>.tflite (default: %(default)s)")
-    bench.parser.add_argument("--shared", type=Path, default=_bench.REPO.parent / "shared" / "data", help="real data (default: %(default)s)")
+    bench.parser.add_argument(
+        "--shared", type=Path, default=_bench.REPO.parent / "shared" / "data", help="real data (default: %(default)s)"
+    )
     bench.parser.add_argument("--every", type=int, default=1, help="use every n-th real radiograph (default: all)")
     args = bench.parse({"every": 60})
     from covidxray.edge.litert import TFLiteClassifier
@@ -83,7 +109,10 @@ def main() -> None:
     others = gate_corpus.non_radiographs(args.shared, args.workdir / "gate-corpus")
     counts: dict[tuple, Counter] = defaultdict(Counter)
     refused_radiographs, passed_others = [], []
-    ood_scores: dict[str, list[float]] = {"radiograph": [], "other": []}  # distances of the images the OOD score refused
+    ood_scores: dict[str, list[float]] = {
+        "radiograph": [],
+        "other": [],
+    }  # distances of the images the OOD score refused
     for kind, items in (("radiograph", radiographs), ("other", others)):
         for item in items:
             result = predict_path(item.path, classifier)
@@ -99,36 +128,99 @@ def main() -> None:
     for (kind, category, form), seen in sorted(counts.items()):
         judged = sum(seen.values()) - (seen["unreadable"] if kind == "radiograph" else 0)
         refused = sum(seen[s] for s in REJECTED_BY) + (0 if kind == "radiograph" else seen["unreadable"])
-        table[f"{kind}/{category}/{form}"] = {"images": sum(seen.values()), **seen, "rejected_share": refused / judged if judged else None}
-        rows.append([kind, category, form, sum(seen.values()), seen["classified"], seen["unreadable"], *(seen[s] for s in REJECTED_BY),
-                     f"{refused / judged:.1%}" if judged else "-"])
-    bench.table(f"predict on real radiographs and on non-radiographs ({classifier.card.get('model')} @{classifier.image_size} px, {args.format}, "
-                f"OOD threshold {classifier.ood.threshold if classifier.ood else float('nan'):.2f})",
-                ["set", "category", "form", "images", "classified", "unreadable", *(f"refused: {s}" for s in REJECTED_BY), "rejected"], rows)
+        table[f"{kind}/{category}/{form}"] = {
+            "images": sum(seen.values()),
+            **seen,
+            "rejected_share": refused / judged if judged else None,
+        }
+        rows.append(
+            [
+                kind,
+                category,
+                form,
+                sum(seen.values()),
+                seen["classified"],
+                seen["unreadable"],
+                *(seen[s] for s in REJECTED_BY),
+                f"{refused / judged:.1%}" if judged else "-",
+            ]
+        )
+    bench.table(
+        f"predict on real radiographs and on non-radiographs ({classifier.card.get('model')} @{classifier.image_size} px, {args.format}, "
+        f"OOD threshold {classifier.ood.threshold if classifier.ood else float('nan'):.2f})",
+        [
+            "set",
+            "category",
+            "form",
+            "images",
+            "classified",
+            "unreadable",
+            *(f"refused: {s}" for s in REJECTED_BY),
+            "rejected",
+        ],
+        rows,
+    )
 
-    judged_radiographs = sum(sum(v.values()) - v["unreadable"] for (kind, _, _), v in counts.items() if kind == "radiograph")
+    judged_radiographs = sum(
+        sum(v.values()) - v["unreadable"] for (kind, _, _), v in counts.items() if kind == "radiograph"
+    )
     false_rejection = len(refused_radiographs) / judged_radiographs
     total_others = sum(sum(v.values()) for (kind, _, _), v in counts.items() if kind == "other")
     rejection = 1 - len(passed_others) / total_others
     pixel_others = [v for (kind, _, form), v in counts.items() if kind == "other" and form == "pixels"]
-    margins = margin_sensitivity(classifier.card.get("ood"), ood_scores, len(refused_radiographs), judged_radiographs, total_others - len(passed_others), total_others)
+    margins = margin_sensitivity(
+        classifier.card.get("ood"),
+        ood_scores,
+        len(refused_radiographs),
+        judged_radiographs,
+        total_others - len(passed_others),
+        total_others,
+    )
     if margins:
-        bench.table("what a larger export.ood_margin would change (from the distances above; a larger margin only un-rejects)",
-                    ["ood_margin", "threshold", "false rejections", "non-radiographs rejected"],
-                    [[m["margin"], f"{m['threshold']:.2f}", f"{m['false_rejections']} ({m['false_rejection_rate']:.2%})",
-                      f"{m['rejected']} ({m['rejection_rate']:.1%})"] for m in margins])
+        bench.table(
+            "what a larger export.ood_margin would change (from the distances above; a larger margin only un-rejects)",
+            ["ood_margin", "threshold", "false rejections", "non-radiographs rejected"],
+            [
+                [
+                    m["margin"],
+                    f"{m['threshold']:.2f}",
+                    f"{m['false_rejections']} ({m['false_rejection_rate']:.2%})",
+                    f"{m['rejected']} ({m['rejection_rate']:.1%})",
+                ]
+                for m in margins
+            ],
+        )
     results = {
-        "run_dir": str(run_dir), "format": args.format, "model": classifier.card.get("model"), "image_size": classifier.image_size,
+        "run_dir": str(run_dir),
+        "format": args.format,
+        "model": classifier.card.get("model"),
+        "image_size": classifier.image_size,
         "ood": {k: v for k, v in (classifier.card.get("ood") or {}).items() if k not in ("means", "precision")},
-        "radiographs_judged": judged_radiographs, "false_rejection_rate": false_rejection, "refused_radiographs": refused_radiographs,
-        "non_radiographs": total_others, "rejection_rate": rejection, "non_radiographs_classified": passed_others,
-        "margin_sensitivity": margins, "ood_scores": ood_scores,
-        "pixels_only_rejection_rate": 1 - sum(v["classified"] for v in pixel_others) / max(1, sum(sum(v.values()) for v in pixel_others)),
+        "radiographs_judged": judged_radiographs,
+        "false_rejection_rate": false_rejection,
+        "refused_radiographs": refused_radiographs,
+        "non_radiographs": total_others,
+        "rejection_rate": rejection,
+        "non_radiographs_classified": passed_others,
+        "margin_sensitivity": margins,
+        "ood_scores": ood_scores,
+        "pixels_only_rejection_rate": 1
+        - sum(v["classified"] for v in pixel_others) / max(1, sum(sum(v.values()) for v in pixel_others)),
         "by_category": table,
     }
-    bench.at_most("false rejections of real radiographs", false_rejection, 0.0, f"{len(refused_radiographs)} of {judged_radiographs}")
-    bench.at_least("non-radiographs rejected", rejection, 0.99, f"{total_others - len(passed_others)} of {total_others}; classified: "
-                   + ", ".join(Path(p).name for p in passed_others[:8]))
+    bench.at_most(
+        "false rejections of real radiographs",
+        false_rejection,
+        0.0,
+        f"{len(refused_radiographs)} of {judged_radiographs}",
+    )
+    bench.at_least(
+        "non-radiographs rejected",
+        rejection,
+        0.99,
+        f"{total_others - len(passed_others)} of {total_others}; classified: "
+        + ", ".join(Path(p).name for p in passed_others[:8]),
+    )
     bench.finish(args, results)
 
 

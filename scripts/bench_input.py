@@ -54,10 +54,18 @@ def step_case(model_name: str, size: int, num_classes: int, batch, steps: int):
 
 def main() -> None:
     bench = _bench.Bench("input", __doc__)
-    bench.parser.add_argument("--cases", default="small_cnn@128,mobilenet_v3_small@128,mobilenet_v3_small@224", help="model@image_size list (default: %(default)s)")
-    bench.parser.add_argument("--batches", type=int, default=20, help="batches (input) and steps (model) per round (default: %(default)s)")
+    bench.parser.add_argument(
+        "--cases",
+        default="small_cnn@128,mobilenet_v3_small@128,mobilenet_v3_small@224",
+        help="model@image_size list (default: %(default)s)",
+    )
+    bench.parser.add_argument(
+        "--batches", type=int, default=20, help="batches (input) and steps (model) per round (default: %(default)s)"
+    )
     bench.parser.add_argument("--batch-size", type=int, default=32, help="train.batch_size (default: %(default)s)")
-    bench.parser.add_argument("--patients", type=int, default=300, help="phantom patients in the prepared set (default: %(default)s)")
+    bench.parser.add_argument(
+        "--patients", type=int, default=300, help="phantom patients in the prepared set (default: %(default)s)"
+    )
     args = bench.parse({"cases": "small_cnn@64", "batches": 2, "patients": 40})
 
     from covidxray.manifest import load_manifest, shard_paths
@@ -71,27 +79,56 @@ def main() -> None:
         data = _bench.prepared_synthetic(args.workdir / f"input-data-{size}", size, args.patients)
         labels = load_manifest(data)["labels"]
         for augment in (False, True):
-            ds, _ = make_dataset(shard_paths(data, "train"), size, len(labels), args.batch_size, training=True, augment=augment, threads=world.cores_per_rank)
+            ds, _ = make_dataset(
+                shard_paths(data, "train"),
+                size,
+                len(labels),
+                args.batch_size,
+                training=True,
+                augment=augment,
+                threads=world.cores_per_rank,
+            )
             iterator = iter(ds)
             first_batch[size] = next(iterator)
             cases[f"input {'decode+augment' if augment else 'decode'} @{size}"] = InputCase(iterator, args.batches)
     for model_name, size in model_cases:
-        case, params[(model_name, size)] = step_case(model_name, size, first_batch[size][1].shape[-1], first_batch[size], args.batches)
+        case, params[(model_name, size)] = step_case(
+            model_name, size, first_batch[size][1].shape[-1], first_batch[size], args.batches
+        )
         cases[f"step {model_name} @{size}"] = case
     samples = _bench.round_robin(cases, args.repeats, warmup=1)
     stats = {name: _bench.summarize(s) for name, s in samples.wall.items()}
     per_round = args.batches * args.batch_size
     rate = {name: per_round / s["median"] for name, s in stats.items()}
 
-    results = {"batch_size": args.batch_size, "batches_per_round": args.batches, "threads": world.cores_per_rank, "cases": stats, "records_per_s": rate, "ratios": {}}
+    results = {
+        "batch_size": args.batch_size,
+        "batches_per_round": args.batches,
+        "threads": world.cores_per_rank,
+        "cases": stats,
+        "records_per_s": rate,
+        "ratios": {},
+    }
     bench.table(
         f"input pipeline alone, records/s (batch {args.batch_size}, median of {args.repeats} x {args.batches} batches)",
         ["image size", "decode only", "decode + augment", "augment share of time"],
-        [[size, rate[f"input decode @{size}"], rate[f"input decode+augment @{size}"], 1 - rate[f"input decode+augment @{size}"] / rate[f"input decode @{size}"]] for size in sizes],
+        [
+            [
+                size,
+                rate[f"input decode @{size}"],
+                rate[f"input decode+augment @{size}"],
+                1 - rate[f"input decode+augment @{size}"] / rate[f"input decode @{size}"],
+            ]
+            for size in sizes
+        ],
     )
     rows = []
     for model_name, size in model_cases:
-        step, feed, plain = rate[f"step {model_name} @{size}"], rate[f"input decode+augment @{size}"], rate[f"input decode @{size}"]
+        step, feed, plain = (
+            rate[f"step {model_name} @{size}"],
+            rate[f"input decode+augment @{size}"],
+            rate[f"input decode @{size}"],
+        )
         ratio = feed / step
         results["ratios"][f"{model_name}@{size}"] = ratio
         rows.append([model_name, size, params[(model_name, size)], step, feed, ratio, f"{step / feed:.0%}"])
@@ -100,7 +137,16 @@ def main() -> None:
         bench.at_least(f"input >= 5x train step, {model_name} @{size}", ratio, 5, note)
     bench.table(
         "input pipeline vs train step (records/s)",
-        ["model", "image size", "parameters", "train step", "input (decode+augment)", "input / step", "machine share the input needs"], rows,
+        [
+            "model",
+            "image size",
+            "parameters",
+            "train step",
+            "input (decode+augment)",
+            "input / step",
+            "machine share the input needs",
+        ],
+        rows,
     )
     bench.finish(args, results)
 

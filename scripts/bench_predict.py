@@ -80,12 +80,27 @@ def latency_worker(threads: int, run_dir: Path, image: Path, iterations: int) ->
 
 
 def latencies(threads: int, run_dir: Path, image: Path, iterations: int) -> dict:
-    cmd = [sys.executable, __file__, "--latency-worker", str(threads), "--run-dir", str(run_dir), "--image", str(image), "--iterations", str(iterations)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--latency-worker",
+        str(threads),
+        "--run-dir",
+        str(run_dir),
+        "--image",
+        str(image),
+        "--iterations",
+        str(iterations),
+    ]
     return json.loads(_bench.run(cmd).stdout.strip().splitlines()[-1])
 
 
 def imported_modules(importtime_log: str) -> set[str]:
-    return {line.rsplit("|", 1)[1].strip() for line in importtime_log.splitlines() if line.startswith("import time:") and "|" in line}
+    return {
+        line.rsplit("|", 1)[1].strip()
+        for line in importtime_log.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
 
 
 def predict_process(model_path: Path, images: list[Path]) -> dict:
@@ -114,68 +129,145 @@ def build_run(args) -> Path:
     if all((run_dir / tflite_name(fmt)).is_file() for fmt in FORMATS):
         return run_dir
     data = _bench.prepared_synthetic(args.workdir / f"predict-data-{args.image_size}", args.image_size, args.patients)
-    _bench.run(_bench.covidxray("train", "--data-dir", str(data), "--run-dir", str(run_dir), "--model", args.model, "--epochs", str(args.epochs)))
-    _bench.run(_bench.covidxray("export", "--run-dir", str(run_dir), "--data-dir", str(data), *(f"--format={fmt}" for fmt in FORMATS),
-                                "--set", "export.int8_min_agreement=0"))
+    _bench.run(
+        _bench.covidxray(
+            "train",
+            "--data-dir",
+            str(data),
+            "--run-dir",
+            str(run_dir),
+            "--model",
+            args.model,
+            "--epochs",
+            str(args.epochs),
+        )
+    )
+    _bench.run(
+        _bench.covidxray(
+            "export",
+            "--run-dir",
+            str(run_dir),
+            "--data-dir",
+            str(data),
+            *(f"--format={fmt}" for fmt in FORMATS),
+            "--set",
+            "export.int8_min_agreement=0",
+        )
+    )
     return run_dir
 
 
 def main() -> None:
     bench = _bench.Bench("predict", __doc__)
-    bench.parser.add_argument("--run-dir", type=Path, help="existing run with model.keras, model-float32.tflite, model-int8.tflite")
-    bench.parser.add_argument("--model", default="small_cnn", help="model to train when no --run-dir (default: %(default)s)")
+    bench.parser.add_argument(
+        "--run-dir", type=Path, help="existing run with model.keras, model-float32.tflite, model-int8.tflite"
+    )
+    bench.parser.add_argument(
+        "--model", default="small_cnn", help="model to train when no --run-dir (default: %(default)s)"
+    )
     bench.parser.add_argument("--image-size", type=int, default=128, help="when no --run-dir (default: %(default)s)")
-    bench.parser.add_argument("--patients", type=int, default=200, help="phantom patients to train on when no --run-dir (default: %(default)s)")
+    bench.parser.add_argument(
+        "--patients",
+        type=int,
+        default=200,
+        help="phantom patients to train on when no --run-dir (default: %(default)s)",
+    )
     bench.parser.add_argument("--epochs", type=int, default=2, help="when no --run-dir (default: %(default)s)")
     bench.parser.add_argument("--threads", default="1,2", help="thread counts (default: %(default)s)")
-    bench.parser.add_argument("--iterations", type=int, default=50, help="latency samples per case (default: %(default)s)")
-    bench.parser.add_argument("--image-px", type=int, default=1024, help="side of the files predict reads (default: %(default)s)")
-    bench.parser.add_argument("--rss-budget-mib", type=float, default=512, help="predict peak RSS goal (default: %(default)s)")
+    bench.parser.add_argument(
+        "--iterations", type=int, default=50, help="latency samples per case (default: %(default)s)"
+    )
+    bench.parser.add_argument(
+        "--image-px", type=int, default=1024, help="side of the files predict reads (default: %(default)s)"
+    )
+    bench.parser.add_argument(
+        "--rss-budget-mib", type=float, default=512, help="predict peak RSS goal (default: %(default)s)"
+    )
     bench.parser.add_argument("--latency-worker", type=int, help=argparse.SUPPRESS)
     bench.parser.add_argument("--image", type=Path, help=argparse.SUPPRESS)
-    args = bench.parse({"image_size": 32, "patients": 40, "epochs": 1, "threads": "1", "iterations": 3, "image_px": 256})
+    args = bench.parse(
+        {"image_size": 32, "patients": 40, "epochs": 1, "threads": "1", "iterations": 3, "image_px": 256}
+    )
     if args.latency_worker:
         latency_worker(args.latency_worker, args.run_dir, args.image, args.iterations)
         return
 
     run_dir = args.run_dir or build_run(args)
     card = json.loads(sidecar_path(run_dir / tflite_name("float32")).read_text())
-    images = _bench.image_files(_bench.talo_phantoms(args.workdir / f"predict-images-4x{args.image_px}", 4, args.image_px))
+    images = _bench.image_files(
+        _bench.talo_phantoms(args.workdir / f"predict-images-4x{args.image_px}", 4, args.image_px)
+    )
     threads = [int(t) for t in args.threads.split(",")]
-    sizes = {"keras": (run_dir / MODEL_FILE).stat().st_size, **{fmt: (run_dir / tflite_name(fmt)).stat().st_size for fmt in FORMATS}}
+    sizes = {
+        "keras": (run_dir / MODEL_FILE).stat().st_size,
+        **{fmt: (run_dir / tflite_name(fmt)).stat().st_size for fmt in FORMATS},
+    }
     contents = {fmt: tensor_bytes(run_dir / tflite_name(fmt)) for fmt in FORMATS}
     latency = {t: latencies(t, run_dir, images[0], args.iterations) for t in threads}
     memory = {fmt: predict_process(run_dir / tflite_name(fmt), images) for fmt in FORMATS}
 
-    results = {"run_dir": str(run_dir), "model": card.get("model"), "image_size": card["image_size"], "image_px": args.image_px,
-               "latency_s": {str(t): v for t, v in latency.items()}, "bytes": sizes, "tensor_bytes": contents, "predict_process": memory}
+    results = {
+        "run_dir": str(run_dir),
+        "model": card.get("model"),
+        "image_size": card["image_size"],
+        "image_px": args.image_px,
+        "latency_s": {str(t): v for t, v in latency.items()},
+        "bytes": sizes,
+        "tensor_bytes": contents,
+        "predict_process": memory,
+    }
     rows = []
     for name in ("keras predict", "keras call", "tflite float32", "tflite int8", "preprocess"):
-        rows.append([name, *(f"{latency[t][name]['median'] * 1e3:.2f} / {latency[t][name]['p95'] * 1e3:.2f}" for t in threads)])
-    bench.table(f"single-image latency, ms median / p95 ({card.get('model')} @{card['image_size']}, {args.iterations} calls each; "
-                f"preprocess = decode + resize of a {args.image_px} px file)", ["case", *(f"{t} thread(s)" for t in threads)], rows)
-    bench.table("model files", ["file", "MiB", "vs float32"],
-                [[name, _bench.mib(b), f"{b / sizes['float32']:.4f}"] for name, b in sizes.items()])
+        rows.append(
+            [name, *(f"{latency[t][name]['median'] * 1e3:.2f} / {latency[t][name]['p95'] * 1e3:.2f}" for t in threads)]
+        )
+    bench.table(
+        f"single-image latency, ms median / p95 ({card.get('model')} @{card['image_size']}, {args.iterations} calls each; "
+        f"preprocess = decode + resize of a {args.image_px} px file)",
+        ["case", *(f"{t} thread(s)" for t in threads)],
+        rows,
+    )
+    bench.table(
+        "model files",
+        ["file", "MiB", "vs float32"],
+        [[name, _bench.mib(b), f"{b / sizes['float32']:.4f}"] for name, b in sizes.items()],
+    )
     kinds = sorted({k for c in contents.values() for k in c if k != "quantization"}) + ["quantization"]
-    bench.table("what the .tflite files hold, bytes (constant tensors by type; quantization = scales + zero points; rest = graph and padding)",
-                ["file", *kinds, "rest", "total"],
-                [[fmt, *(c.get(k, 0) for k in kinds), sizes[fmt] - sum(c.values()), sizes[fmt]] for fmt, c in contents.items()])
-    bench.table(f"`covidxray predict` on {len(images)} {args.image_px} px images", ["model", "peak RSS MiB", "wall s", "TensorFlow imported", "modules imported"],
-                [[fmt, m["peak_rss_mib"], m["wall_s"], m["tensorflow_imported"], m["modules_imported"]] for fmt, m in memory.items()])
+    bench.table(
+        "what the .tflite files hold, bytes (constant tensors by type; quantization = scales + zero points; rest = graph and padding)",
+        ["file", *kinds, "rest", "total"],
+        [[fmt, *(c.get(k, 0) for k in kinds), sizes[fmt] - sum(c.values()), sizes[fmt]] for fmt, c in contents.items()],
+    )
+    bench.table(
+        f"`covidxray predict` on {len(images)} {args.image_px} px images",
+        ["model", "peak RSS MiB", "wall s", "TensorFlow imported", "modules imported"],
+        [
+            [fmt, m["peak_rss_mib"], m["wall_s"], m["tensorflow_imported"], m["modules_imported"]]
+            for fmt, m in memory.items()
+        ],
+    )
 
     for t in threads:
         keras, int8 = latency[t]["keras call"]["median"], latency[t]["tflite int8"]["median"]
         speedup = keras / int8
         results[f"int8_speedup_vs_keras_{t}t"] = speedup
-        bench.at_least(f"int8 >= 2x faster than the Keras call, {t} thread(s)", speedup, 2,
-                       f"float32 TFLite is {keras / latency[t]['tflite float32']['median']:.1f}x faster than Keras")
+        bench.at_least(
+            f"int8 >= 2x faster than the Keras call, {t} thread(s)",
+            speedup,
+            2,
+            f"float32 TFLite is {keras / latency[t]['tflite float32']['median']:.1f}x faster than Keras",
+        )
     excess = sizes["int8"] - sizes["float32"] / 4
     int8_weights, float_weights = contents["int8"].get("int8", 0), contents["float32"].get("float32", 0)
     results["int8_weights_over_float32_weights"] = int8_weights / float_weights
-    bench.at_most("int8 file <= 1/4 of float32", sizes["int8"] / sizes["float32"], 0.25,
-                  f"{abs(excess) / 1024:.1f} KiB {'over' if excess > 0 else 'under'} a quarter of the float32 file; "
-                  f"the int8 weights are {int8_weights / float_weights:.4f} of the float32 ones, the rest is int32 biases, "
-                  f"{contents['int8']['quantization'] / 1024:.1f} KiB of quantization parameters and graph")
+    bench.at_most(
+        "int8 file <= 1/4 of float32",
+        sizes["int8"] / sizes["float32"],
+        0.25,
+        f"{abs(excess) / 1024:.1f} KiB {'over' if excess > 0 else 'under'} a quarter of the float32 file; "
+        f"the int8 weights are {int8_weights / float_weights:.4f} of the float32 ones, the rest is int32 biases, "
+        f"{contents['int8']['quantization'] / 1024:.1f} KiB of quantization parameters and graph",
+    )
     peak = max(m["peak_rss_mib"] for m in memory.values())
     bench.at_most(f"predict peak RSS MiB (budget {args.rss_budget_mib:g} of a 4 GB Pi)", peak, args.rss_budget_mib)
     imported = any(m["tensorflow_imported"] for m in memory.values())

@@ -63,10 +63,19 @@ class PrepareCase(_bench.SelfTimed):
 
         data_dir = self.out_root / f"workers-{self.workers}"
         shutil.rmtree(data_dir, ignore_errors=True)
-        config = load_config(None, [{"data": {
-            "sources": {"covid19-talo": {"from_path": str(self.source_root)}},
-            "data_dir": str(data_dir), "image_size": self.image_size, "workers": self.workers,
-        }}])
+        config = load_config(
+            None,
+            [
+                {
+                    "data": {
+                        "sources": {"covid19-talo": {"from_path": str(self.source_root)}},
+                        "data_dir": str(data_dir),
+                        "image_size": self.image_size,
+                        "workers": self.workers,
+                    }
+                }
+            ],
+        )
         started = time.perf_counter()
         manifest = prepare(config.data, log=lambda _msg: None)
         seconds = time.perf_counter() - started
@@ -78,9 +87,18 @@ class PrepareCase(_bench.SelfTimed):
 def main() -> None:
     bench = _bench.Bench("prepare", __doc__)
     bench.parser.add_argument("--images", type=int, default=400, help="generated images (default: %(default)s)")
-    bench.parser.add_argument("--image-px", type=int, default=1024, help="side of the generated files (default: %(default)s)")
-    bench.parser.add_argument("--image-size", type=int, default=128, help="data.image_size prepare resizes to (default: %(default)s)")
-    bench.parser.add_argument("--ceiling-seconds", type=float, default=3.0, help="per phase of the 2-process ceiling probe (default: %(default)s)")
+    bench.parser.add_argument(
+        "--image-px", type=int, default=1024, help="side of the generated files (default: %(default)s)"
+    )
+    bench.parser.add_argument(
+        "--image-size", type=int, default=128, help="data.image_size prepare resizes to (default: %(default)s)"
+    )
+    bench.parser.add_argument(
+        "--ceiling-seconds",
+        type=float,
+        default=3.0,
+        help="per phase of the 2-process ceiling probe (default: %(default)s)",
+    )
     args = bench.parse({"images": 12, "image_px": 256, "ceiling_seconds": 0.3})
     workers = [1, 2]
 
@@ -99,7 +117,14 @@ def main() -> None:
     cpu = {name: _bench.summarize(s)["median"] for name, s in samples.cpu.items()}
 
     n = len(paths)
-    results = {"images": n, "image_px": args.image_px, "image_size": args.image_size, "cases": stats, "cpu_s": cpu, "samples_s": samples.wall}
+    results = {
+        "images": n,
+        "image_px": args.image_px,
+        "image_size": args.image_size,
+        "cases": stats,
+        "cpu_s": cpu,
+        "samples_s": samples.wall,
+    }
     rows = []
     for w in workers:
         ours, base = stats[f"prepare {w}w"]["median"], stats[f"floor {w}w"]["median"]
@@ -108,12 +133,32 @@ def main() -> None:
         rows.append([w, n / ours, n / base, ours / base, ours, base, cpu[f"prepare {w}w"] / cpu[f"floor {w}w"]])
     bench.table(
         f"prepare vs decode+resize floor: {n} images {args.image_px}x{args.image_px} (half PNG, half JPEG) -> {args.image_size} px, median of {args.repeats}",
-        ["workers", "prepare img/s", "floor img/s", "prepare / floor time", "prepare s", "floor s", "prepare / floor CPU time"], rows,
+        [
+            "workers",
+            "prepare img/s",
+            "floor img/s",
+            "prepare / floor time",
+            "prepare s",
+            "floor s",
+            "prepare / floor CPU time",
+        ],
+        rows,
     )
     scaling = stats["prepare 1w"]["median"] / stats["prepare 2w"]["median"]
     floor_scaling = stats["floor 1w"]["median"] / stats["floor 2w"]["median"]
-    results.update({"prepare_scaling_1_to_2": scaling, "floor_scaling_1_to_2": floor_scaling, "machine_ceiling": ceiling, "machine_ceilings": ceilings})
-    bench.table("scaling from 1 to 2 workers", ["", "prepare", "floor", "machine ceiling (dense compute)"], [["speed-up", scaling, floor_scaling, ceiling]])
+    results.update(
+        {
+            "prepare_scaling_1_to_2": scaling,
+            "floor_scaling_1_to_2": floor_scaling,
+            "machine_ceiling": ceiling,
+            "machine_ceilings": ceilings,
+        }
+    )
+    bench.table(
+        "scaling from 1 to 2 workers",
+        ["", "prepare", "floor", "machine ceiling (dense compute)"],
+        [["speed-up", scaling, floor_scaling, ceiling]],
+    )
 
     for w in workers:
         missing = n - prepares[w].records_written
@@ -123,9 +168,13 @@ def main() -> None:
     serial = stats["prepare 1w"]["median"] - stats["floor 1w"]["median"]
     expected = stats["prepare 1w"]["median"] / (stats["floor 2w"]["median"] + serial)
     results.update({"serial_beyond_decode_s": serial, "expected_scaling_if_rest_serial": expected})
-    bench.at_least("prepare speed-up from 1 to 2 workers", scaling, 1.8,
-                   f"this machine's 2-process ceiling was {ceiling:.2f}x and the floor alone scales {floor_scaling:.2f}x; with prepare's {serial:.2f} s beyond decoding "
-                   f"kept serial, {expected:.2f}x is expected")
+    bench.at_least(
+        "prepare speed-up from 1 to 2 workers",
+        scaling,
+        1.8,
+        f"this machine's 2-process ceiling was {ceiling:.2f}x and the floor alone scales {floor_scaling:.2f}x; with prepare's {serial:.2f} s beyond decoding "
+        f"kept serial, {expected:.2f}x is expected",
+    )
     bench.finish(args, results)
 
 

@@ -29,13 +29,20 @@ def main(run_dir: str, data_dir: str) -> None:
         inference.append(model(images, training=False).numpy())
         truth.append(np.argmax(one_hot, 1))
     norms = batchnorm_layers(model)
-    moving = {layer.name: (layer.moving_mean.numpy(), layer.moving_variance.numpy()) for layer in norms}  # before training-mode calls update them
+    moving = {
+        layer.name: (layer.moving_mean.numpy(), layer.moving_variance.numpy()) for layer in norms
+    }  # before training-mode calls update them
     training = [model(images, training=True).numpy() for images, _ in dataset]  # each batch's own statistics
     inference, training, truth = map(np.concatenate, (inference, training, truth))
     print(f"val images {truth.size}, majority share {np.bincount(truth).max() / truth.size:.4f}")
-    for name, probabilities in (("inference mode (moving statistics)", inference), ("training mode (batch statistics)", training)):
+    for name, probabilities in (
+        ("inference mode (moving statistics)", inference),
+        ("training mode (batch statistics)", training),
+    ):
         predicted = probabilities.argmax(1)
-        print(f"{name}: accuracy {np.mean(predicted == truth):.4f}, predicted per class {np.bincount(predicted, minlength=classes).tolist()}")
+        print(
+            f"{name}: accuracy {np.mean(predicted == truth):.4f}, predicted per class {np.bincount(predicted, minlength=classes).tolist()}"
+        )
     print(f"BN layers {len(norms)}, momentum {sorted({layer.momentum for layer in norms})}")
     backbone = next((layer for layer in model.layers if isinstance(layer, tf.keras.Model)), None)
     if backbone is None:
@@ -46,8 +53,10 @@ def main(run_dir: str, data_dir: str) -> None:
     activations = probe(tf.concat([images] * 3, -1), training=True)  # each layer's input under batch statistics
     for layer, values in list(zip(inner, activations))[:: max(1, len(inner) // 8)]:
         values = values.numpy().reshape(-1, values.shape[-1])
-        print(f"{layer.name:36s} batch mean {np.abs(values.mean(0)).mean():8.4f} moving mean {np.abs(moving[layer.name][0]).mean():8.4f} | "
-              f"batch var {values.var(0).mean():9.4f} moving var {moving[layer.name][1].mean():9.4f}")
+        print(
+            f"{layer.name:36s} batch mean {np.abs(values.mean(0)).mean():8.4f} moving mean {np.abs(moving[layer.name][0]).mean():8.4f} | "
+            f"batch var {values.var(0).mean():9.4f} moving var {moving[layer.name][1].mean():9.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -49,7 +49,11 @@ def _ieee8023_rows(shared: Path) -> list[dict]:
     root = shared / "covid-chestxray-sample" / "covid-chestxray-dataset"
     with open(root / "metadata.csv", newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    return [{**row, "path": root / "images" / row["filename"]} for row in rows if (root / "images" / row["filename"]).is_file()]
+    return [
+        {**row, "path": root / "images" / row["filename"]}
+        for row in rows
+        if (root / "images" / row["filename"]).is_file()
+    ]
 
 
 def _pydicom_data_file(name: str) -> Path | None:
@@ -69,9 +73,13 @@ def _pydicom_test_file(name: str) -> Path:
 
 def radiographs(shared: Path) -> list[Item]:
     items = [Item("chest-xray-pneumonia-224", p) for p in _images_under(shared / "chest-xray-pneumonia-224")]
-    items += [Item("chest-xray-pneumonia-originals", p) for p in _images_under(shared / "chest-xray-pneumonia-originals")]
+    items += [
+        Item("chest-xray-pneumonia-originals", p) for p in _images_under(shared / "chest-xray-pneumonia-originals")
+    ]
     items += [Item("covid19-talo-sample", p) for p in _images_under(shared / "covid19-talo-sample")]
-    items += [Item("ieee8023 (all X-ray views)", row["path"]) for row in _ieee8023_rows(shared) if row["modality"] == "X-ray"]
+    items += [
+        Item("ieee8023 (all X-ray views)", row["path"]) for row in _ieee8023_rows(shared) if row["modality"] == "X-ray"
+    ]
     items += [Item("dicom (CR/DX)", p) for p in sorted((shared / "dicom").iterdir()) if not p.name.startswith("CT")]
     rg1 = _pydicom_data_file("RG1_UNCI.dcm")
     if rg1:
@@ -80,6 +88,7 @@ def radiographs(shared: Path) -> list[Item]:
 
 
 # --- non-radiographs -------------------------------------------------------------------------------------
+
 
 def _write(path: Path, image: np.ndarray) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +103,13 @@ def _photos(out: Path) -> list[Item]:
     bundled = Path(skimage.__file__).parent / "data"
     items = []
     for path in sorted(bundled.glob("*")):
-        if path.suffix.lower() not in (".png", ".jpg") or path.stem in ("page", "text", "chessboard_GRAY", "chessboard_RGB", "phantom"):
+        if path.suffix.lower() not in (".png", ".jpg") or path.stem in (
+            "page",
+            "text",
+            "chessboard_GRAY",
+            "chessboard_RGB",
+            "phantom",
+        ):
             continue  # documents, patterns and the CT phantom are in their own categories
         image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
         if image is None:
@@ -122,7 +137,16 @@ def _render_page(width: int, height: int, scale: float, background: int, ink: in
     line_height = int(32 * scale)
     for row, line in enumerate(_text_lines(height // line_height, seed)):
         y = (row + 1) * line_height
-        cv2.putText(page, line[: int(width / (16 * scale))], (int(20 * scale), y), cv2.FONT_HERSHEY_SIMPLEX, scale, ink, max(1, round(2 * scale)), cv2.LINE_AA)
+        cv2.putText(
+            page,
+            line[: int(width / (16 * scale))],
+            (int(20 * scale), y),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            scale,
+            ink,
+            max(1, round(2 * scale)),
+            cv2.LINE_AA,
+        )
     return page
 
 
@@ -152,22 +176,38 @@ def _blank_and_noise(out: Path) -> list[Item]:
     yy, xx = np.mgrid[:size, :size]
     radial = np.clip(255 - np.hypot(yy - size / 2, xx - size / 2), 0, 255)
     blank = {
-        "white": np.full((size, size), 255), "black": np.zeros((size, size)), "gray": np.full((size, size), 128),
-        "near-constant": 128 + rng.normal(0, 2, (size, size)), "ramp": ramp, "ramp-vertical": ramp.T,
-        "radial": radial, "white-1024x768": np.full((768, 1024), 255), "black-jpeg": np.zeros((600, 600)),
+        "white": np.full((size, size), 255),
+        "black": np.zeros((size, size)),
+        "gray": np.full((size, size), 128),
+        "near-constant": 128 + rng.normal(0, 2, (size, size)),
+        "ramp": ramp,
+        "ramp-vertical": ramp.T,
+        "radial": radial,
+        "white-1024x768": np.full((768, 1024), 255),
+        "black-jpeg": np.zeros((600, 600)),
     }
     noise = {
-        "uniform": rng.uniform(0, 255, (size, size)), "gaussian": 128 + rng.normal(0, 40, (size, size)),
-        "salt-pepper": rng.choice([0, 255], (size, size)), "strip-16x4000": rng.uniform(0, 255, (16, 4000)),
-        "strip-4000x16": rng.uniform(0, 255, (4000, 16)), "uniform-1024": rng.uniform(0, 255, (1024, 1024)),
+        "uniform": rng.uniform(0, 255, (size, size)),
+        "gaussian": 128 + rng.normal(0, 40, (size, size)),
+        "salt-pepper": rng.choice([0, 255], (size, size)),
+        "strip-16x4000": rng.uniform(0, 255, (16, 4000)),
+        "strip-4000x16": rng.uniform(0, 255, (4000, 16)),
+        "uniform-1024": rng.uniform(0, 255, (1024, 1024)),
     }
     for sigma in (2, 8, 32):  # smooth noise: blobs, the hardest for a texture measure
-        noise[f"smoothed-{sigma}"] = cv2.normalize(cv2.GaussianBlur(rng.normal(0, 1, (size, size)), (0, 0), sigma), None, 0, 255, cv2.NORM_MINMAX)
+        noise[f"smoothed-{sigma}"] = cv2.normalize(
+            cv2.GaussianBlur(rng.normal(0, 1, (size, size)), (0, 0), sigma), None, 0, 255, cv2.NORM_MINMAX
+        )
     items = []
     for category, images in (("blank", blank), ("noise", noise)):
         for name, image in images.items():
             suffix = ".jpg" if name.endswith("jpeg") else ".png"
-            items.append(Item(category, _write(out / category / f"{name}{suffix}", np.clip(np.round(image), 0, 255).astype(np.uint8))))
+            items.append(
+                Item(
+                    category,
+                    _write(out / category / f"{name}{suffix}", np.clip(np.round(image), 0, 255).astype(np.uint8)),
+                )
+            )
     return items
 
 
@@ -189,10 +229,24 @@ def _dicom_pixels(path: Path, out: Path) -> Path | None:
 def _scans(shared: Path, out: Path) -> list[Item]:
     ct = [row["path"] for row in _ieee8023_rows(shared) if row["modality"] == "CT"]
     items = [Item("ct", p) for p in ct]
-    ct_dicom = [shared / "dicom" / "CT-abdomen-not-xray.dcm", _pydicom_test_file("CT_small.dcm"), _pydicom_data_file("693_UNCI.dcm"),
-                _pydicom_data_file("explicit_VR-UN.dcm"), _pydicom_test_file("J2K_pixelrep_mismatch.dcm")]
-    body = [_pydicom_data_file(n) for n in ("RG3_UNCI.dcm", "MR2_UNCI.dcm", "MR-SIEMENS-DICOM-WithOverlays.dcm", "JPEG2000_UNC.dcm",
-                                            "JPGLosslessP14SV1_1s_1f_8b.dcm", "emri_small.dcm")]
+    ct_dicom = [
+        shared / "dicom" / "CT-abdomen-not-xray.dcm",
+        _pydicom_test_file("CT_small.dcm"),
+        _pydicom_data_file("693_UNCI.dcm"),
+        _pydicom_data_file("explicit_VR-UN.dcm"),
+        _pydicom_test_file("J2K_pixelrep_mismatch.dcm"),
+    ]
+    body = [
+        _pydicom_data_file(n)
+        for n in (
+            "RG3_UNCI.dcm",
+            "MR2_UNCI.dcm",
+            "MR-SIEMENS-DICOM-WithOverlays.dcm",
+            "JPEG2000_UNC.dcm",
+            "JPGLosslessP14SV1_1s_1f_8b.dcm",
+            "emri_small.dcm",
+        )
+    ]
     body.append(_pydicom_test_file("MR_small.dcm"))
     for category, files in (("ct", ct_dicom), ("other-body-part", body)):
         for path in files:

@@ -22,10 +22,20 @@ compression, fusion_mb, cycle_ms = sys.argv[1], int(sys.argv[2]), float(sys.argv
 world = init_world(HorovodTuning(compression, fusion_mb, cycle_ms))
 inputs = tf.keras.Input((1,))
 model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")(inputs))
-model.compile(optimizer=world.distributed_optimizer(tf.keras.optimizers.SGD(1.0)), loss=lambda _, predicted: tf.reduce_mean(predicted))
+model.compile(
+    optimizer=world.distributed_optimizer(tf.keras.optimizers.SGD(1.0)),
+    loss=lambda _, predicted: tf.reduce_mean(predicted),
+)
 model.fit(np.array([[X[world.rank]]], np.float32), np.zeros((1, 1), np.float32), epochs=1, verbose=0)
 if world.is_root:
     import os
 
-    print(json.dumps({"weight": float(model.get_weights()[0][0, 0]), "size": world.size,
-                      "environment": {k: os.environ.get(k) for k in HorovodTuning().environment()}}))
+    print(
+        json.dumps(
+            {
+                "weight": float(model.get_weights()[0][0, 0]),
+                "size": world.size,
+                "environment": {k: os.environ.get(k) for k in HorovodTuning().environment()},
+            }
+        )
+    )

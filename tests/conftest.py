@@ -26,7 +26,9 @@ def covidxray_cmd(*args: str) -> list[str]:
     return [str(VENV_BIN / "covidxray"), *args]
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: int = 900, env: dict | None = None
+) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     return subprocess.run(covidxray_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
 
@@ -38,7 +40,19 @@ def synthetic_data(tmp_path_factory) -> Path:
     from covidxray.data.prepare import prepare
 
     data_dir = tmp_path_factory.mktemp("synthetic") / "data"
-    config = load_config(None, [{"data": {"sources": {"synthetic": {"patients": 400}}, "data_dir": str(data_dir), "image_size": 64, "records_per_shard": 64}}])
+    config = load_config(
+        None,
+        [
+            {
+                "data": {
+                    "sources": {"synthetic": {"patients": 400}},
+                    "data_dir": str(data_dir),
+                    "image_size": 64,
+                    "records_per_shard": 64,
+                }
+            }
+        ],
+    )
     prepare(config.data)
     return data_dir
 

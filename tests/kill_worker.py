@@ -22,8 +22,11 @@ def training_pids(run_dir: Path, env_entry: str) -> list[int]:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if "python" in Path(cmdline[0].decode(errors="replace")).name and str(run_dir).encode() in cmdline \
-                and env_entry.encode() in environ:
+        if (
+            "python" in Path(cmdline[0].decode(errors="replace")).name
+            and str(run_dir).encode() in cmdline
+            and env_entry.encode() in environ
+        ):
             pids.append(int(proc.name))
     return pids
 
@@ -36,8 +39,12 @@ def epochs_logged(run_dir: Path) -> int:
 
 
 def run_killing_one_worker(
-    command: list[str], env: dict, run_dir: Path, victim_env_entry: str,
-    after_epochs: int = 2, check_victim: Callable[[int], None] = lambda pid: None,
+    command: list[str],
+    env: dict,
+    run_dir: Path,
+    victim_env_entry: str,
+    after_epochs: int = 2,
+    check_victim: Callable[[int], None] = lambda pid: None,
 ) -> tuple[int, str]:
     """Run `command`, kill the worker named by `victim_env_entry` once `after_epochs` are logged; (exit code, output)."""
     job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -98,7 +98,20 @@ def build_ieee8023(base: Path, header: str = "new") -> Layout:
     columns = (IEEE_NEW_HEADER if new else IEEE_OLD_HEADER).split(",")
     rows = []
 
-    def row(patient, finding, view, filename, *, expect=None, drop=None, modality="X-ray", folder="images", bad=None, write=True, **extra):
+    def row(
+        patient,
+        finding,
+        view,
+        filename,
+        *,
+        expect=None,
+        drop=None,
+        modality="X-ray",
+        folder="images",
+        bad=None,
+        write=True,
+        **extra,
+    ):
         values = {"patientid": patient, "finding": finding, "view": view, "filename": filename, **extra}
         if new:
             values.update(modality=modality, folder=folder)
@@ -114,28 +127,106 @@ def build_ieee8023(base: Path, header: str = "new") -> Layout:
             layout.dropped[drop] += 1
 
     notes = 'Bilateral ground-glass opacities, "peripheral".\nSecond line of notes.'
-    row("1", "Pneumonia/Viral/COVID-19" if new else "COVID-19", "PA", "covid-1-PA.jpeg", expect="covid-19", offset="-23", sex="F", age="70", **({"clinical_notes": notes} if new else {"notes": notes}))
+    row(
+        "1",
+        "Pneumonia/Viral/COVID-19" if new else "COVID-19",
+        "PA",
+        "covid-1-PA.jpeg",
+        expect="covid-19",
+        offset="-23",
+        sex="F",
+        age="70",
+        **({"clinical_notes": notes} if new else {"notes": notes}),
+    )
     row("1", "Pneumonia/Viral/COVID-19" if new else "COVID-19", "AP", "covid-1-day3.png", expect="covid-19", offset="3")
-    row("2", "Pneumonia/Viral/COVID-19" if new else "COVID-19, ARDS", "AP Supine", "F051E018-DAD1-4506-AD43-BE4CA29E960B.jpeg", expect="covid-19")
-    row("2", "Pneumonia/Viral/COVID-19" if new else "COVID-19", "L", "covid-2-lateral.jpg", drop="view L is not frontal")
+    row(
+        "2",
+        "Pneumonia/Viral/COVID-19" if new else "COVID-19, ARDS",
+        "AP Supine",
+        "F051E018-DAD1-4506-AD43-BE4CA29E960B.jpeg",
+        expect="covid-19",
+    )
+    row(
+        "2", "Pneumonia/Viral/COVID-19" if new else "COVID-19", "L", "covid-2-lateral.jpg", drop="view L is not frontal"
+    )
     row("4", "No Finding", "PA", "2c35005f.jpg", expect="normal", location="Hannover Medical School, Hannover, Germany")
-    row("5", "Pneumonia/Bacterial/Streptococcus" if new else "Streptococcus", "PA", "streptococcus-pneumoniae-1.JPG", expect="pneumonia/bacterial")
-    row("6", "Pneumonia/Viral/SARS" if new else "SARS", "AP", "SARS-10.1148rg.242035193-g04mr34g0-Fig8a-day0.jpeg", expect="pneumonia/viral")
-    row("7", "Pneumonia/Fungal/Pneumocystis" if new else "Pneumocystis", "PA", "pneumocystis-1.png", expect="pneumonia/fungal")
+    row(
+        "5",
+        "Pneumonia/Bacterial/Streptococcus" if new else "Streptococcus",
+        "PA",
+        "streptococcus-pneumoniae-1.JPG",
+        expect="pneumonia/bacterial",
+    )
+    row(
+        "6",
+        "Pneumonia/Viral/SARS" if new else "SARS",
+        "AP",
+        "SARS-10.1148rg.242035193-g04mr34g0-Fig8a-day0.jpeg",
+        expect="pneumonia/viral",
+    )
+    row(
+        "7",
+        "Pneumonia/Fungal/Pneumocystis" if new else "Pneumocystis",
+        "PA",
+        "pneumocystis-1.png",
+        expect="pneumonia/fungal",
+    )
     row("8", "todo", "PA", "todo-1.jpg", drop="finding not labelled yet (todo/Unknown)")
     row("9", "Unknown", "PA", "unknown-1.jpg", drop="finding not labelled yet (todo/Unknown)")
-    row("10", "ARDS", "PA", "ARDSSevere.png", drop="finding 'ARDS' excluded: ARDS alone is a syndrome (sepsis, trauma, bites...), not a pneumonia")
+    row(
+        "10",
+        "ARDS",
+        "PA",
+        "ARDSSevere.png",
+        drop="finding 'ARDS' excluded: ARDS alone is a syndrome (sepsis, trauma, bites...), not a pneumonia",
+    )
     row("17", "Atelectasis", "PA", "atelectasis-1.jpg", drop="unknown finding 'Atelectasis'")
-    row("18", "todo", "", "no-view-1.jpg", drop="view unknown (blank, '?' or no view column); source option unknown_view: keep takes it as frontal")
-    row("11", "Pneumonia/Viral/COVID-19" if new else "COVID-19", "PA", "listed-but-missing.jpeg", write=False, drop="image file listed in metadata.csv is missing")
-    row("12", "Pneumonia/Viral/COVID-19" if new else "COVID-19", "PA", "corrupt-upload.jpeg", expect="covid-19", bad="corrupt")
+    row(
+        "18",
+        "todo",
+        "",
+        "no-view-1.jpg",
+        drop="view unknown (blank, '?' or no view column); source option unknown_view: keep takes it as frontal",
+    )
+    row(
+        "11",
+        "Pneumonia/Viral/COVID-19" if new else "COVID-19",
+        "PA",
+        "listed-but-missing.jpeg",
+        write=False,
+        drop="image file listed in metadata.csv is missing",
+    )
+    row(
+        "12",
+        "Pneumonia/Viral/COVID-19" if new else "COVID-19",
+        "PA",
+        "corrupt-upload.jpeg",
+        expect="covid-19",
+        bad="corrupt",
+    )
     row("13", "Pneumonia", "PA", "16745_2_1.PNG", expect="pneumonia")
     if new:
         row("3", "Pneumonia/Viral/COVID-19", "Axial", "ct-slice-1.jpg", modality="CT", drop="modality CT is not X-ray")
-        row("3", "Pneumonia/Viral/COVID-19", "Axial", "radiopaedia_org_covid-19-pneumonia-14_85914_0-dcm.nii.gz", modality="CT", folder="volumes", write=False, drop="CT volume (volumes/), not a radiograph")
+        row(
+            "3",
+            "Pneumonia/Viral/COVID-19",
+            "Axial",
+            "radiopaedia_org_covid-19-pneumonia-14_85914_0-dcm.nii.gz",
+            modality="CT",
+            folder="volumes",
+            write=False,
+            drop="CT volume (volumes/), not a radiograph",
+        )
         row("14", "Pneumonia/Viral/Herpes ", "APS", "herpes-1.jpeg", expect="pneumonia/viral")
         row("15", "No Finding", "AP semi erect", "hannover-ap-semi-erect.jpg", expect="normal")
-        row("16", "Pneumonia/Viral/COVID-19", "Coronal", "ct-coronal.jpg", modality="CT", drop="modality CT is not X-ray")
+        row(
+            "16",
+            "Pneumonia/Viral/COVID-19",
+            "Coronal",
+            "ct-coronal.jpg",
+            modality="CT",
+            drop="modality CT is not X-ray",
+        )
     else:
         row("3", "COVID-19", "Axial", "ct-slice-1.jpg", drop="view Axial is not frontal")
         row("19", "Mycoplasma Bacterial Pneumonia", "PA", "000001.jpg", expect="pneumonia/bacterial")
@@ -148,7 +239,9 @@ def build_ieee8023(base: Path, header: str = "new") -> Layout:
     writer.writerows(rows)
     (root / "metadata.csv").write_text(buffer.getvalue())
     (root / "volumes").mkdir(exist_ok=True)
-    (root / "volumes" / "DOWNLOAD.md").write_text("CT volumes: academictorrents 136ffddd0959108becb2b3a86630bec049fcb0ff\n")
+    (root / "volumes" / "DOWNLOAD.md").write_text(
+        "CT volumes: academictorrents 136ffddd0959108becb2b3a86630bec049fcb0ff\n"
+    )
     (root / "README.md").write_text("# COVID-19 image data collection\n")
     return layout
 
@@ -178,7 +271,13 @@ KAGGLE_FILES = [
     ("test", "NORMAL", "IM-0003-0001.jpeg", "normal", "IM-0003"),
     ("test", "NORMAL", "IM-0011-0001-0001.jpeg", "normal", "IM-0011"),
     ("test", "NORMAL", "NORMAL2-IM-0173-0001-0002.jpeg", "normal", "NORMAL2-IM-0173"),
-    ("test", "PNEUMONIA", "person1_virus_8.jpeg", "pneumonia/viral", "person1_virus"),  # the train patient: one numbering
+    (
+        "test",
+        "PNEUMONIA",
+        "person1_virus_8.jpeg",
+        "pneumonia/viral",
+        "person1_virus",
+    ),  # the train patient: one numbering
     ("test", "PNEUMONIA", "person100_bacteria_478.jpeg", "pneumonia/bacterial", "person100_bacteria"),
 ]
 

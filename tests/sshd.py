@@ -89,7 +89,9 @@ def _keygen(path: Path) -> Path:
     return path
 
 
-def _wait_listening(hosts: tuple[str, ...], port: int, process: subprocess.Popen, log: Path, timeout: float = 15) -> None:
+def _wait_listening(
+    hosts: tuple[str, ...], port: int, process: subprocess.Popen, log: Path, timeout: float = 15
+) -> None:
     deadline = time.monotonic() + timeout
     pending = set(hosts)
     while pending and time.monotonic() < deadline:
@@ -114,7 +116,9 @@ def start_sshd(root: Path, hosts: tuple[str, ...] = HOSTS) -> LoopbackSshd:
     identity = _keygen(root / "id_ed25519")
     shutil.copy(identity.with_suffix(".pub"), home / ".ssh" / "authorized_keys")
     port = _free_port(hosts[0])
-    use_pam = "yes" if Path("/etc/pam.d/sshd").is_file() else "no"  # without PAM, sshd refuses accounts with a locked password
+    use_pam = (
+        "yes" if Path("/etc/pam.d/sshd").is_file() else "no"
+    )  # without PAM, sshd refuses accounts with a locked password
     (root / "sshd_config").write_text(
         "".join(f"ListenAddress {host}:{port}\n" for host in hosts)
         + f"HostKey {host_key}\nPidFile {root / 'sshd.pid'}\n"

@@ -36,8 +36,16 @@ DECODE_TIMEOUT_S = 300  # a hang fails the test instead of the suite
 
 
 def data_config(data_dir: Path, source_root: Path, **data):
-    values = {"sources": {"covid19-talo": {"from_path": str(source_root)}}, "data_dir": str(data_dir), "image_size": 32,
-              "records_per_shard": 4, "workers": 1, "val_fraction": 0.25, "test_fraction": 0.25, **data}
+    values = {
+        "sources": {"covid19-talo": {"from_path": str(source_root)}},
+        "data_dir": str(data_dir),
+        "image_size": 32,
+        "records_per_shard": 4,
+        "workers": 1,
+        "val_fraction": 0.25,
+        "test_fraction": 0.25,
+        **data,
+    }
     return load_config(None, [{"data": values}]).data
 
 
@@ -73,7 +81,9 @@ def test_a_killed_decode_worker_is_retried_alone_then_its_file_is_dropped_by_nam
 
     def run():
         with image_cache.ImageCache(tmp_path / "cache.sqlite") as cache:
-            outcome["results"], _ = cache.decode_all(images_with_deadly_files, 32, 2, lambda n: None, log=lines.append, decode=decode_or_die)
+            outcome["results"], _ = cache.decode_all(
+                images_with_deadly_files, 32, 2, lambda n: None, log=lines.append, decode=decode_or_die
+            )
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
@@ -113,11 +123,19 @@ def test_a_file_name_that_is_not_utf8_is_prepared_like_any_other(talo_with_latin
     folder, archive = talo_with_latin1_names
     data_dir = tmp_path / "data"
     manifest = prepare(data_config(data_dir, folder if given == "folder" else archive), log=lambda _: None)
-    images_on_disk = [p for p in folder.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg") and not p.name.startswith(".")]
-    assert sum(s["records"] for s in manifest["shards"]) == len(images_on_disk)  # build_talo's images and the Latin-1 one
+    images_on_disk = [
+        p for p in folder.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg") and not p.name.startswith(".")
+    ]
+    assert sum(s["records"] for s in manifest["shards"]) == len(
+        images_on_disk
+    )  # build_talo's images and the Latin-1 one
     records = tfrecord.read_records([data_dir / "shards" / s["file"] for s in manifest["shards"]])
-    assert any(":00001290_000-caf\udce9.png:" in r["record_id"] for r in records)  # the name's own bytes, surrogate-escaped
-    assert "00001290_000-caf\\udce9.png" in (data_dir / "splits.csv").read_text()  # the table stays UTF-8, the byte shown escaped
+    assert any(
+        ":00001290_000-caf\udce9.png:" in r["record_id"] for r in records
+    )  # the name's own bytes, surrogate-escaped
+    assert (
+        "00001290_000-caf\\udce9.png" in (data_dir / "splits.csv").read_text()
+    )  # the table stays UTF-8, the byte shown escaped
 
 
 @pytest.fixture
@@ -137,8 +155,14 @@ def test_the_real_talo_sample_with_a_latin1_name_prepares_in_two_workers(real_ta
     manifest = prepare(data_config(data_dir, root, workers=2, image_size=64), log=lambda _: None)
     assert sum(s["records"] for s in manifest["shards"]) == 24
     name = os.fsdecode(os.path.basename(renamed))
-    (record,) = [r for r in tfrecord.read_records(data_dir / "shards" / s["file"] for s in manifest["shards"]) if f":{name}:" in r["record_id"]]
-    gray = cv2.imdecode(np.fromfile(os.fsdecode(renamed), np.uint8), cv2.IMREAD_GRAYSCALE)  # decoded independently of prepare
+    (record,) = [
+        r
+        for r in tfrecord.read_records(data_dir / "shards" / s["file"] for s in manifest["shards"])
+        if f":{name}:" in r["record_id"]
+    ]
+    gray = cv2.imdecode(
+        np.fromfile(os.fsdecode(renamed), np.uint8), cv2.IMREAD_GRAYSCALE
+    )  # decoded independently of prepare
     assert np.array_equal(record["image"][:, :, 0], cv2.resize(gray, (64, 64), interpolation=cv2.INTER_AREA))
 
 
@@ -147,11 +171,17 @@ def test_the_real_talo_sample_with_a_latin1_name_prepares_in_two_workers(real_ta
 
 def _png_declaring(width: int, height: int) -> bytes:
     """A small PNG whose IHDR declares width x height 8-bit gray, with a few real rows of data."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
     rows = zlib.compress(b"".join(b"\0" + bytes(width) for _ in range(4)))
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+        + chunk(b"IDAT", rows)
+        + chunk(b"IEND", b"")
+    )
 
 
 @pytest.fixture
@@ -188,7 +218,9 @@ def headers(tmp_path, shared_data) -> dict[Path, tuple[int, int]]:
     import pydicom
 
     files = {}
-    for n, (suffix, shape) in enumerate([(".png", (37, 91)), (".jpg", (120, 33)), (".bmp", (50, 70)), (".tif", (64, 48)), (".png", (20, 5000))]):
+    for n, (suffix, shape) in enumerate(
+        [(".png", (37, 91)), (".jpg", (120, 33)), (".bmp", (50, 70)), (".tif", (64, 48)), (".png", (20, 5000))]
+    ):
         path = tmp_path / f"h{n}{suffix}"
         cv2.imwrite(str(path), np.full(shape, 100, np.uint8))
         files[path] = (shape[1], shape[0])
@@ -196,9 +228,14 @@ def headers(tmp_path, shared_data) -> dict[Path, tuple[int, int]]:
     for path in originals:
         height, width = cv2.imread(str(path), cv2.IMREAD_UNCHANGED).shape[:2]
         files[path] = (width, height)
-    for path in sorted(p for p in (shared_data / "dicom").glob("*") if preprocess.is_dicom(p)):  # what load_gray reads as DICOM
+    for path in sorted(
+        p for p in (shared_data / "dicom").glob("*") if preprocess.is_dicom(p)
+    ):  # what load_gray reads as DICOM
         dataset = pydicom.dcmread(str(path), force=True)
-        files[path] = (int(dataset.Columns), int(dataset.Rows) * int(dataset.get("NumberOfFrames", 1) or 1) * int(dataset.get("SamplesPerPixel", 1)))
+        files[path] = (
+            int(dataset.Columns),
+            int(dataset.Rows) * int(dataset.get("NumberOfFrames", 1) or 1) * int(dataset.get("SamplesPerPixel", 1)),
+        )
     return files
 
 
@@ -215,7 +252,10 @@ def zip_bomb(tmp_path) -> Path:
     """A 64 MiB member of zeros that deflates ~1000x, beside a real image."""
     archive = tmp_path / "COVID-19-master.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
-        bundle.writestr("COVID-19-master/X-Ray Image DataSet/No_findings/00000001_000.png", cv2.imencode(".png", xray(1))[1].tobytes())
+        bundle.writestr(
+            "COVID-19-master/X-Ray Image DataSet/No_findings/00000001_000.png",
+            cv2.imencode(".png", xray(1))[1].tobytes(),
+        )
         bundle.writestr("COVID-19-master/X-Ray Image DataSet/No_findings/00000002_000.png", bytes(64 << 20))
     assert archive.stat().st_size < 1 << 20
     return archive
@@ -243,8 +283,12 @@ def test_a_tar_gz_bomb_and_an_oversized_archive_are_refused_with_the_setting_to_
         extract(tar_bomb, tmp_path / "oct", lambda _: None)
     genuine = shutil.make_archive(str(tmp_path / "talo"), "zip", talo)
     with pytest.raises(UserError, match="more than max_extract_bytes 1,000 bytes"):
-        extract(Path(genuine), tmp_path / "talo-out", lambda _: None, limits=ExtractLimits(max_bytes=1000, max_ratio=100))
-    with pytest.raises(UserError, match="max_extract_bytes"):  # the configured limit reaches the adapters through prepare
+        extract(
+            Path(genuine), tmp_path / "talo-out", lambda _: None, limits=ExtractLimits(max_bytes=1000, max_ratio=100)
+        )
+    with pytest.raises(
+        UserError, match="max_extract_bytes"
+    ):  # the configured limit reaches the adapters through prepare
         prepare(data_config(tmp_path / "data", Path(genuine), max_extract_bytes=1000), log=lambda _: None)
 
 
@@ -286,14 +330,19 @@ def test_a_bit_flipped_shard_is_refused_by_train_and_repaired_by_prepare(prepare
     lines: list[str] = []
     repaired = prepare(data_config(data_dir, talo), log=lines.append)
     assert any(shard.name in line and "damaged" in line for line in lines)
-    assert repaired["shards"] == reference["shards"] and shard_problems(data_dir, repaired) == {"missing": [], "sha256_mismatch": []}
+    assert repaired["shards"] == reference["shards"] and shard_problems(data_dir, repaired) == {
+        "missing": [],
+        "sha256_mismatch": [],
+    }
 
 
 def test_a_truncated_manifest_says_what_to_run(prepared):
     _, data_dir, _ = prepared
     manifest = data_dir / "manifest.json"
     manifest.write_bytes(manifest.read_bytes()[:200])
-    with pytest.raises(UserError, match=r"manifest.json is damaged \(truncated or not JSON.*re-run `covidxray prepare`"):
+    with pytest.raises(
+        UserError, match=r"manifest.json is damaged \(truncated or not JSON.*re-run `covidxray prepare`"
+    ):
         load_manifest(data_dir)
 
 
@@ -302,7 +351,9 @@ def test_an_edited_manifest_is_refused_and_doctor_flags_it(prepared):
 
     _, data_dir, reference = prepared
     edited = {**reference, "labels": list(reversed(reference["labels"]))}
-    (data_dir / "manifest.json").write_text(json.dumps({**edited, "checksum": json.loads((data_dir / "manifest.json").read_text())["checksum"]}, indent=2))
+    (data_dir / "manifest.json").write_text(
+        json.dumps({**edited, "checksum": json.loads((data_dir / "manifest.json").read_text())["checksum"]}, indent=2)
+    )
     with pytest.raises(UserError, match="was changed after prepare wrote it"):
         load_manifest(data_dir)
     report = diagnose(data_dir)
@@ -342,10 +393,15 @@ def test_a_reprepare_that_runs_out_of_disk_leaves_the_old_set_whole_and_trusted(
     monkeypatch.setattr(tfrecord, "write_shard", real_write)
     new = prepare(data_config(data_dir, talo), log=lambda _: None)
     assert sum(s["records"] for s in new["shards"]) == sum(s["records"] for s in reference["shards"]) + 4
-    assert shard_problems(data_dir, reference) == {"missing": [], "sha256_mismatch": []}  # a reader of the old set keeps its files
+    assert shard_problems(data_dir, reference) == {
+        "missing": [],
+        "sha256_mismatch": [],
+    }  # a reader of the old set keeps its files
     newest = prepare(data_config(data_dir, talo, seed=1), log=lambda _: None)
     listed = {s["file"] for s in new["shards"] + newest["shards"]}
-    assert {p.name for p in (data_dir / "shards").glob("*.tfrecord")} == listed  # two generations kept, older ones removed
+    assert {
+        p.name for p in (data_dir / "shards").glob("*.tfrecord")
+    } == listed  # two generations kept, older ones removed
 
 
 @pytest.fixture
@@ -364,8 +420,14 @@ def test_an_image_replaced_in_place_with_same_size_and_mtime_is_decoded_again(bm
     os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert (image.stat().st_size, image.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
     manifest = prepare(data_config(data_dir, bmp_talo), log=lambda _: None)
-    (record,) = [r for r in tfrecord.read_records(data_dir / "shards" / s["file"] for s in manifest["shards"]) if "00000777" in r["record_id"]]
-    expected = preprocess.resize_square(cv2.imread(str(image), cv2.IMREAD_GRAYSCALE), 32)  # the new pixels, decoded independently
+    (record,) = [
+        r
+        for r in tfrecord.read_records(data_dir / "shards" / s["file"] for s in manifest["shards"])
+        if "00000777" in r["record_id"]
+    ]
+    expected = preprocess.resize_square(
+        cv2.imread(str(image), cv2.IMREAD_GRAYSCALE), 32
+    )  # the new pixels, decoded independently
     assert np.array_equal(record["image"][:, :, 0], expected)
 
 
@@ -391,17 +453,28 @@ def test_resume_refuses_other_settings_or_data_unless_forced(run_inputs, talo, t
     from covidxray.train.run_guard import RUN_INPUTS, check_before_training
 
     config, data_dir, manifest = run_inputs
-    result = run_cli("train", "--data-dir", str(data_dir), "--run-dir", config.train.run_dir, "--resume", "--batch-size", "8")
+    result = run_cli(
+        "train", "--data-dir", str(data_dir), "--run-dir", config.train.run_dir, "--resume", "--batch-size", "8"
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "--resume would continue" in result.stderr and "train.batch_size (32 then, 8 now)" in " ".join(result.stderr.split())
+    assert "--resume would continue" in result.stderr and "train.batch_size (32 then, 8 now)" in " ".join(
+        result.stderr.split()
+    )
     config.train.epochs, config.train.batch_size, config.train.learning_rate = 50, 8, 0.01
-    with pytest.raises(UserError, match=r"different train\.batch_size \(32 then, 8 now\); train\.learning_rate \(0\.001 then, 0\.01 now\)\. .*--force"):
+    with pytest.raises(
+        UserError,
+        match=r"different train\.batch_size \(32 then, 8 now\); train\.learning_rate \(0\.001 then, 0\.01 now\)\. .*--force",
+    ):
         check_before_training(World(), config, data_dir, manifest, resume=True, force=False, say=lambda _: None)
     said: list[str] = []
     check_before_training(World(), config, data_dir, manifest, resume=True, force=True, say=said.append)
     assert any(line.startswith("--force: resuming") for line in said)
-    assert json.loads((Path(config.train.run_dir) / RUN_INPUTS).read_text())["train"]["batch_size"] == 8  # the record follows --force
-    same_data = prepare(data_config(data_dir, talo), log=lambda _: None)  # a re-prepare of the same data is the same data set
+    assert (
+        json.loads((Path(config.train.run_dir) / RUN_INPUTS).read_text())["train"]["batch_size"] == 8
+    )  # the record follows --force
+    same_data = prepare(
+        data_config(data_dir, talo), log=lambda _: None
+    )  # a re-prepare of the same data is the same data set
     check_before_training(World(), config, data_dir, same_data, resume=True, force=False, say=lambda _: None)
 
     other_dir = tmp_path / "other-data"

@@ -15,7 +15,14 @@ import pytest
 from conftest import REPO, have_horovod
 
 RESULT_KEYS = {
-    "prepare": {"images", "prepare_over_floor_1w", "prepare_over_floor_2w", "prepare_scaling_1_to_2", "floor_scaling_1_to_2", "machine_ceiling"},
+    "prepare": {
+        "images",
+        "prepare_over_floor_1w",
+        "prepare_over_floor_2w",
+        "prepare_scaling_1_to_2",
+        "floor_scaling_1_to_2",
+        "machine_ceiling",
+    },
     "input": {"batch_size", "records_per_s", "ratios"},
     "dedup": {"transform_suite", "false_merges", "scaling", "settings"},
     "horovod": {"pinned", "cases"},
@@ -25,7 +32,15 @@ RESULT_KEYS = {
 
 def run_bench(name: str, workdir) -> dict:
     out = workdir / f"{name}.json"
-    cmd = [sys.executable, str(REPO / "scripts" / f"bench_{name}.py"), "--quick", "--workdir", str(workdir), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(REPO / "scripts" / f"bench_{name}.py"),
+        "--quick",
+        "--workdir",
+        str(workdir),
+        "--out",
+        str(out),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "goal " in result.stdout  # the verdicts are printed, not only written

@@ -29,12 +29,24 @@ def merged(tmp_path_factory):
     for folder in ("train/NORMAL", "train/PNEUMONIA", "test/NORMAL", "test/PNEUMONIA"):
         target = kaggle / "chest_xray" / folder
         target.mkdir(parents=True)
-        for image in sorted((SHARED_DATA / "chest-xray-pneumonia-224" / "chest_xray" / folder).iterdir())[:KAGGLE_PER_FOLDER]:
+        for image in sorted((SHARED_DATA / "chest-xray-pneumonia-224" / "chest_xray" / folder).iterdir())[
+            :KAGGLE_PER_FOLDER
+        ]:
             shutil.copy(image, target / image.name)
     data_dir = root / "data"
-    result = run_cli("prepare", "--source", f"covid-chestxray={SHARED_DATA / 'covid-chestxray-sample'}",
-                     "--source", f"covid19-talo={SHARED_DATA / 'covid19-talo-sample'}", "--source", f"chest-xray-pneumonia={kaggle}",
-                     "--data-dir", str(data_dir), "--image-size", "64")
+    result = run_cli(
+        "prepare",
+        "--source",
+        f"covid-chestxray={SHARED_DATA / 'covid-chestxray-sample'}",
+        "--source",
+        f"covid19-talo={SHARED_DATA / 'covid19-talo-sample'}",
+        "--source",
+        f"chest-xray-pneumonia={kaggle}",
+        "--data-dir",
+        str(data_dir),
+        "--image-size",
+        "64",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return data_dir, result.stderr
 
@@ -54,14 +66,20 @@ def test_source_class_table_matches_splits_csv(merged):
             assert classes == {c: counts[(split, source, c)] for c in manifest["labels"]}, (split, source)
     totals = manifest["composition"]["source_classes"]
     for source, classes in totals.items():
-        assert classes == {c: sum(n for (_, s, k), n in counts.items() if (s, k) == (source, c)) for c in manifest["labels"]}
+        assert classes == {
+            c: sum(n for (_, s, k), n in counts.items() if (s, k) == (source, c)) for c in manifest["labels"]
+        }
 
 
 def test_prepare_prints_the_table_and_warns_of_the_shortcut(merged):
     data_dir, printed = merged
     manifest = json.loads((data_dir / "manifest.json").read_text())
     counts = _counts_from_splits_csv(data_dir)
-    rows = {tuple(line.split()[:2]): line.split()[2:] for line in printed.splitlines() if line.split()[:1] in (["train"], ["val"], ["test"])}
+    rows = {
+        tuple(line.split()[:2]): line.split()[2:]
+        for line in printed.splitlines()
+        if line.split()[:1] in (["train"], ["val"], ["test"])
+    }
     for (split, source, cls), n in counts.items():
         assert rows[(split, source)][manifest["labels"].index(cls)] == str(n)
     # independently: the classes where one source gives >= 80% of the images, from splits.csv
@@ -83,9 +101,11 @@ def test_prepare_prints_the_table_and_warns_of_the_shortcut(merged):
 
 def test_shortcut_warnings_follow_the_configured_share():
     classes = ["normal", "pneumonia", "covid-19"]
-    totals = {"kaggle": {"normal": 70, "pneumonia": 90, "covid-19": 0},
-              "ieee": {"normal": 30, "pneumonia": 10, "covid-19": 0},
-              "talo": {"normal": 0, "pneumonia": 0, "covid-19": 12}}
+    totals = {
+        "kaggle": {"normal": 70, "pneumonia": 90, "covid-19": 0},
+        "ieee": {"normal": 30, "pneumonia": 10, "covid-19": 0},
+        "talo": {"normal": 0, "pneumonia": 0, "covid-19": 12},
+    }
     at_80 = shortcut_warnings(totals, classes, 0.8)
     assert [w.split("'")[1] for w in at_80] == ["pneumonia", "covid-19", "talo"]  # 90%, 100%; talo: one class only
     at_65 = shortcut_warnings(totals, classes, 0.65)
@@ -142,10 +162,21 @@ def test_evaluate_per_source_on_the_real_merge(merged, tmp_path):
 
     # The hold-out split mode: talo only in test, so it is a source this model never saw.
     held_out = tmp_path / "held-out"
-    prepared = run_cli("prepare", "--source", f"covid-chestxray={SHARED_DATA / 'covid-chestxray-sample'}",
-                       "--source", f"covid19-talo={SHARED_DATA / 'covid19-talo-sample'}",
-                       "--source", f"chest-xray-pneumonia={data_dir.parent / 'chest-xray-pneumonia'}",
-                       "--hold-out-source", "covid19-talo", "--data-dir", str(held_out), "--image-size", "64")
+    prepared = run_cli(
+        "prepare",
+        "--source",
+        f"covid-chestxray={SHARED_DATA / 'covid-chestxray-sample'}",
+        "--source",
+        f"covid19-talo={SHARED_DATA / 'covid19-talo-sample'}",
+        "--source",
+        f"chest-xray-pneumonia={data_dir.parent / 'chest-xray-pneumonia'}",
+        "--hold-out-source",
+        "covid19-talo",
+        "--data-dir",
+        str(held_out),
+        "--image-size",
+        "64",
+    )
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     held_out_run = tmp_path / "held-out-run"
     trained = run_cli("train", "--data-dir", str(held_out), "--run-dir", str(held_out_run), "--epochs", "2")

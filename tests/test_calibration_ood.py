@@ -110,7 +110,9 @@ def test_shrunk_covariance_is_ledoit_wolf():
     from sklearn.covariance import ledoit_wolf
 
     rng = np.random.default_rng(4)
-    train, labels, _, _ = gaussian_classes(rng, 20, dim=64)  # fewer images than dimensions: the sample covariance is singular
+    train, labels, _, _ = gaussian_classes(
+        rng, 20, dim=64
+    )  # fewer images than dimensions: the sample covariance is singular
     means, precision, shrinkage = ood.fit(train, labels, 3)
     centred = train - means[labels]
     expected, expected_shrinkage = ledoit_wolf(centred, assume_centered=True)

@@ -30,7 +30,13 @@ def test_wrong_type_is_rejected():
 
 
 def test_saved_config_round_trips(tmp_path):
-    config = load_config(None, [parse_override("data.sources={covid19-talo: {from_path: /x}}"), parse_override("train.model=mobilenet_v3_small")])
+    config = load_config(
+        None,
+        [
+            parse_override("data.sources={covid19-talo: {from_path: /x}}"),
+            parse_override("train.model=mobilenet_v3_small"),
+        ],
+    )
     config.save(tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == config
 
@@ -89,4 +95,6 @@ def test_a_source_given_twice_is_an_error_and_config_options_survive_a_path():
     with pytest.raises(UserError, match="--source covid19-talo is given twice"):
         parse_sources(["covid19-talo=/a", "covid19-talo=/b"])
     configured = {"kermany": {"part": "oct"}, "synthetic": {}}
-    assert parse_sources(["kermany=/data/oct"], configured=configured) == {"kermany": {"part": "oct", "from_path": "/data/oct"}}
+    assert parse_sources(["kermany=/data/oct"], configured=configured) == {
+        "kermany": {"part": "oct", "from_path": "/data/oct"}
+    }

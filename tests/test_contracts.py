@@ -41,7 +41,12 @@ def edge_modules() -> list[str]:
 
 def test_the_edge_package_never_imports_tensorflow():
     modules = edge_modules()
-    assert {"covidxray.edge.predict", "covidxray.edge.litert", "covidxray.edge.preprocess", "covidxray.edge.radiograph_gate"} <= set(modules)
+    assert {
+        "covidxray.edge.predict",
+        "covidxray.edge.litert",
+        "covidxray.edge.preprocess",
+        "covidxray.edge.radiograph_gate",
+    } <= set(modules)
     loaded = loaded_after_import(*modules)
     assert set(modules) <= loaded
     assert within(loaded, EDGE_FORBIDDEN) == []

@@ -26,7 +26,12 @@ def hashes_of(path: Path, size: int = 64) -> tuple[bytes, bytes]:
 def test_exact_means_same_pixels_not_same_bytes(tmp_path):
     pixels = xray(7)
     files = []
-    for name, params in (("a.png", [cv2.IMWRITE_PNG_COMPRESSION, 1]), ("b.png", [cv2.IMWRITE_PNG_COMPRESSION, 9]), ("c.bmp", []), ("d.tiff", [])):
+    for name, params in (
+        ("a.png", [cv2.IMWRITE_PNG_COMPRESSION, 1]),
+        ("b.png", [cv2.IMWRITE_PNG_COMPRESSION, 9]),
+        ("c.bmp", []),
+        ("d.tiff", []),
+    ):
         ok, data = cv2.imencode(Path(name).suffix, pixels, params)
         (tmp_path / name).write_bytes(data.tobytes())
         files.append(tmp_path / name)
@@ -42,7 +47,11 @@ def test_perceptual_hash_tolerates_reencoding_and_rescaling_only(tmp_path):
     reference = dedup.perceptual_hash(preprocess.resize_square(original, 128))
     for scale, quality in ((0.5, 70), (1.0, 40), (1.7, 85)):
         size = int(256 * scale)
-        ok, data = cv2.imencode(".jpg", cv2.resize(original, (size, size), interpolation=cv2.INTER_AREA), [cv2.IMWRITE_JPEG_QUALITY, quality])
+        ok, data = cv2.imencode(
+            ".jpg",
+            cv2.resize(original, (size, size), interpolation=cv2.INTER_AREA),
+            [cv2.IMWRITE_JPEG_QUALITY, quality],
+        )
         copy = preprocess.resize_square(cv2.imdecode(data, cv2.IMREAD_GRAYSCALE), 128)
         assert dedup.hamming(reference, dedup.perceptual_hash(copy)) <= 6
     others = [dedup.perceptual_hash(preprocess.resize_square(xray(seed, size=256), 128)) for seed in range(20, 40)]
@@ -71,8 +80,12 @@ def _record(source: str, name: str, patient: str) -> Record:
 
 
 def test_copies_across_sources_keep_the_original_and_merge_patients(tmp_path):
-    a, b, c, near = (write_image(tmp_path / n, seed=s) for n, s in (("a.png", 1), ("b.png", 2), ("c.png", 3), ("near.jpg", 1)))
-    near.write_bytes(cv2.imencode(".jpg", cv2.resize(cv2.imread(str(a), 0), (80, 80)), [cv2.IMWRITE_JPEG_QUALITY, 70])[1].tobytes())
+    a, b, c, near = (
+        write_image(tmp_path / n, seed=s) for n, s in (("a.png", 1), ("b.png", 2), ("c.png", 3), ("near.jpg", 1))
+    )
+    near.write_bytes(
+        cv2.imencode(".jpg", cv2.resize(cv2.imread(str(a), 0), (80, 80)), [cv2.IMWRITE_JPEG_QUALITY, 70])[1].tobytes()
+    )
     followup = tmp_path / "followup.jpg"
     followup.write_bytes(cv2.imencode(".jpg", cv2.imread(str(a), 0), [cv2.IMWRITE_JPEG_QUALITY, 50])[1].tobytes())
     files = {"orig-a": a, "orig-b": b, "copy-a": a, "copy-near": near, "copy-c": c, "orig-a-followup": followup}
@@ -88,7 +101,12 @@ def test_copies_across_sources_keep_the_original_and_merge_patients(tmp_path):
     result = dedup.deduplicate(records, hashes, {"original": 10, "copier": 30}, max_distance=12)
 
     kept = {r.image.name: r.patient_id for r in result.kept}
-    assert kept == {"orig-a": "original:p1", "orig-b": "original:p1", "orig-a-followup": "original:p1", "copy-c": "original:p1"}
+    assert kept == {
+        "orig-a": "original:p1",
+        "orig-b": "original:p1",
+        "orig-a-followup": "original:p1",
+        "copy-c": "original:p1",
+    }
     removed = {d.removed.image.name: (d.kept.image.name, d.kind) for d in result.duplicates}
     assert removed["copy-a"] == ("orig-a", "exact")
     assert removed["copy-near"][1] == "perceptual" and removed["copy-near"][0].startswith("orig-a")
@@ -165,7 +183,17 @@ def republished(gray: np.ndarray, family: str) -> np.ndarray:
     raise ValueError(family)
 
 
-FAMILIES = ("crop up to 20% per side", "border", "rescale 0.25x", "rescale 4x", "jpeg 40", "gamma 1.6, contrast 0.7", "text and marker", "rotate 5 deg", "flip")
+FAMILIES = (
+    "crop up to 20% per side",
+    "border",
+    "rescale 0.25x",
+    "rescale 4x",
+    "jpeg 40",
+    "gamma 1.6, contrast 0.7",
+    "text and marker",
+    "rotate 5 deg",
+    "flip",
+)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -179,20 +207,29 @@ def test_every_transform_family_is_confirmed_on_real_radiographs(shared_data, fa
 
 def test_real_follow_ups_of_one_patient_are_not_confirmed(shared_data):
     # NIH: the same patient's radiographs on different days; ieee8023 patient 19 (metadata.csv): days 10, 13, 17, 25
-    pairs = [(TALO / "Pneumonia" / "00000061_012.png", TALO / "Pneumonia" / "00000061_015.png"),
-             (TALO / "Pneumonia" / "00000211_013.png", TALO / "Pneumonia" / "00000211_018.png")]
+    pairs = [
+        (TALO / "Pneumonia" / "00000061_012.png", TALO / "Pneumonia" / "00000061_015.png"),
+        (TALO / "Pneumonia" / "00000211_013.png", TALO / "Pneumonia" / "00000211_018.png"),
+    ]
     panels = [IEEE_IMAGES / f"1-s2.0-S0929664620300449-gr2_lrg-{x}.jpg" for x in "abcd"]
     pairs += list(itertools.combinations(panels, 2))
     for first, second in pairs:
-        assert _confirmed(preprocess.load_gray(shared_data / first), preprocess.load_gray(shared_data / second)) is None, (first, second)
+        assert (
+            _confirmed(preprocess.load_gray(shared_data / first), preprocess.load_gray(shared_data / second)) is None
+        ), (first, second)
 
 
 def test_a_follow_up_under_another_patient_id_is_still_kept(shared_data, tmp_path):
     """Even when two sources name one patient differently, the geometric check does not merge a follow-up."""
     first, second = (shared_data / TALO / "Pneumonia" / n for n in ("00000211_013.png", "00000211_018.png"))
-    records = [Record(image=first, label="pneumonia", patient_id="a:1", source="a"), Record(image=second, label="pneumonia", patient_id="b:1", source="b")]
+    records = [
+        Record(image=first, label="pneumonia", patient_id="a:1", source="a"),
+        Record(image=second, label="pneumonia", patient_id="b:1", source="b"),
+    ]
     grays = {str(p): preprocess.load_gray(p) for p in (first, second)}
-    hashes = {k: (dedup.pixel_digest(g), dedup.perceptual_hash(preprocess.resize_square(g, 128))) for k, g in grays.items()}
+    hashes = {
+        k: (dedup.pixel_digest(g), dedup.perceptual_hash(preprocess.resize_square(g, 128))) for k, g in grays.items()
+    }
     features = {k: near_duplicates.features(g) for k, g in grays.items()}
     result = dedup.deduplicate(records, hashes, {}, 12, features, MIN_INLIERS)
     assert len(result.kept) == 2 and not result.duplicates
@@ -232,7 +269,11 @@ def test_pairs_already_joined_are_not_checked_and_the_groups_stay_the_same(share
 
 def test_keypoints_are_spread_over_the_grid_before_the_strongest_rest(shared_data):
     """Against a plain reading of the rule: per cell the strongest fair share, all by strength, then the rest by strength."""
-    small = cv2.equalizeHist(near_duplicates.trim_uniform_border(preprocess.load_gray(shared_data / TALO / "No_findings" / "00001299_000.png")))
+    small = cv2.equalizeHist(
+        near_duplicates.trim_uniform_border(
+            preprocess.load_gray(shared_data / TALO / "No_findings" / "00001299_000.png")
+        )
+    )
     keypoints = cv2.ORB_create(nfeatures=1536, fastThreshold=5).detect(small, None)
     height, width = small.shape
     grid, share = near_duplicates.GRID, -(-near_duplicates.KEYPOINTS // near_duplicates.GRID**2)
@@ -249,7 +290,12 @@ def test_keypoints_are_spread_over_the_grid_before_the_strongest_rest(shared_dat
 def test_keypoints_touching_full_white_overlays_are_dropped():
     gray = np.full((384, 384), 100, np.uint8)
     gray[100:110, 200:260] = 255  # a burned-in white bar
-    points = [(230.0, 105.0), (230.0, 116.0), (230.0, 118.0), (50.0, 50.0)]  # on it, 7 px below its last row (inside a 15 px patch), 9 px below, far
+    points = [
+        (230.0, 105.0),
+        (230.0, 116.0),
+        (230.0, 118.0),
+        (50.0, 50.0),
+    ]  # on it, 7 px below its last row (inside a 15 px patch), 9 px below, far
     kept = near_duplicates._off_overlays([cv2.KeyPoint(x, y, 15) for x, y in points], gray)
     assert [k.pt for k in kept] == [(230.0, 118.0), (50.0, 50.0)]
 
@@ -265,11 +311,17 @@ def test_a_label_conflict_drops_every_copy_by_default_and_is_counted(tmp_path):
         _labelled("copier", "x-copy", "c1", "pneumonia"),  # the same picture, labelled otherwise
         _labelled("original", "y", "p2", "normal"),
     ]
-    hashes = {str(records[0].image): hashes_of(picture), str(records[1].image): hashes_of(picture), str(records[2].image): hashes_of(other)}
+    hashes = {
+        str(records[0].image): hashes_of(picture),
+        str(records[1].image): hashes_of(picture),
+        str(records[2].image): hashes_of(other),
+    }
     dropped = dedup.deduplicate(records, hashes, {"original": 1, "copier": 2}, 12)
     assert [r.image.name for r in dropped.kept] == ["y"]
     assert {(d.removed.image.name, d.kept.image.name, d.label_conflict, d.kept_too) for d in dropped.duplicates} == {
-        ("x-copy", "x", True, False), ("x", "x-copy", True, False)}
+        ("x-copy", "x", True, False),
+        ("x", "x-copy", True, False),
+    }
     assert dropped.summary()["label_conflicts"] == 2 and dropped.summary()["label_conflicts_dropped"] == 2
 
     kept = dedup.deduplicate(records, hashes, {"original": 1, "copier": 2}, 12, label_conflicts="keep_priority")
@@ -280,15 +332,20 @@ def test_a_label_conflict_drops_every_copy_by_default_and_is_counted(tmp_path):
 def test_a_follow_up_in_the_same_pose_is_kept(shared_data):
     """ieee8023 patient 283, days 0 and 7 (metadata.csv): so alike that one similarity fits some inliers; both stay."""
     paths = [shared_data / IEEE_IMAGES / name for name in ("000001-17.jpg", "000002-19-a.jpg")]
-    records = [Record(image=p, label="pneumonia", patient_id="covid-chestxray:283", source="covid-chestxray") for p in paths]
+    records = [
+        Record(image=p, label="pneumonia", patient_id="covid-chestxray:283", source="covid-chestxray") for p in paths
+    ]
     grays = {str(p): preprocess.load_gray(p) for p in paths}
-    hashes = {k: (dedup.pixel_digest(g), dedup.perceptual_hash(preprocess.resize_square(g, 128))) for k, g in grays.items()}
+    hashes = {
+        k: (dedup.pixel_digest(g), dedup.perceptual_hash(preprocess.resize_square(g, 128))) for k, g in grays.items()
+    }
     features = {k: near_duplicates.features(g) for k, g in grays.items()}
     result = dedup.deduplicate(records, hashes, {}, 12, features, MIN_INLIERS)
     assert len(result.kept) == 2 and not result.duplicates
 
 
 # ---------------------------------------------------------------- covidxray audit
+
 
 def _tree_with_plants(shared_data: Path, root: Path, plant: bool) -> None:
     """A Kaggle-style train/test tree of real radiographs (512 px); `plant` adds a shared patient and a cropped copy."""
@@ -331,7 +388,9 @@ def test_audit_of_something_else_says_what_it_expects(tmp_path):
 
     (tmp_path / "only").mkdir()
     result = run_cli("audit", str(tmp_path))
-    assert result.returncode == 2 and "one split per top-level folder" in " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2 and "one split per top-level folder" in " ".join(
+        (result.stdout + result.stderr).split()
+    )
 
 
 @pytest.mark.slow
@@ -350,12 +409,25 @@ def test_real_talo_crops_are_all_matched_when_prepared_with_ieee8023(shared_data
     shutil.copy2(shared_data / IEEE_IMAGES.parent / "metadata.csv", ieee / "metadata.csv")
     for name in talo_covid:
         shutil.copy2(shared_data / IEEE_IMAGES / name, ieee / "images" / name)
-    result = run_cli("prepare", "--source", f"covid19-talo={talo}", "--source", f"covid-chestxray={ieee}", "--data-dir", str(data_dir), "--image-size", "32")
+    result = run_cli(
+        "prepare",
+        "--source",
+        f"covid19-talo={talo}",
+        "--source",
+        f"covid-chestxray={ieee}",
+        "--data-dir",
+        str(data_dir),
+        "--image-size",
+        "32",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     with open(data_dir / "duplicates.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert sorted(Path(r["removed_image"]).name for r in rows) == talo_covid
-    assert all(Path(r["kept_image"]).name == Path(r["removed_image"]).name and r["kept_source"] == "covid-chestxray" for r in rows)
+    assert all(
+        Path(r["kept_image"]).name == Path(r["removed_image"]).name and r["kept_source"] == "covid-chestxray"
+        for r in rows
+    )
     assert all(r["removed_label"] == r["kept_label"] == "covid-19" and r["outcome"] == "removed" for r in rows)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     assert manifest["duplicates_removed"]["total"] == 8 and manifest["patient_disjoint"]
@@ -385,8 +457,22 @@ def test_prepare_refuses_to_write_a_manifest_that_leaks(tmp_path, monkeypatch):
 
     monkeypatch.setattr(prepare_module.dedup, "deduplicate", keeps_every_copy)
     data_dir = tmp_path / "out"
-    config = load_config(None, [{"data": {"sources": {"covid19-talo": {"from_path": str(tmp_path / "given")}}, "data_dir": str(data_dir),
-                                          "task": "chest3", "image_size": 32, "workers": 1, "test_fraction": 0.4, "val_fraction": 0.0}}]).data
+    config = load_config(
+        None,
+        [
+            {
+                "data": {
+                    "sources": {"covid19-talo": {"from_path": str(tmp_path / "given")}},
+                    "data_dir": str(data_dir),
+                    "task": "chest3",
+                    "image_size": 32,
+                    "workers": 1,
+                    "test_fraction": 0.4,
+                    "val_fraction": 0.0,
+                }
+            }
+        ],
+    ).data
     with pytest.raises(UserError, match=r"the split leaks .*exact copy"):
         prepare_module.prepare(config, log=lambda line: None)
     assert not (data_dir / "manifest.json").exists()

@@ -121,7 +121,13 @@ def test_zip_and_tar_extract_once(tmp_path):
     (target / "top" / "mine.txt").write_text("kept")  # a second call must not unpack again
     extract(archive, tmp_path / "out", say=quiet)
     assert (target / "top" / "mine.txt").is_file()
-    tgz = _tar(tmp_path / "b.tar.gz", lambda b: (_tar_member(b, "OCT2017/train/CNV/CNV-1-1.jpeg", b"j"), _tar_member(b, "OCT2017/link", kind=tarfile.SYMTYPE, link="train/CNV")))
+    tgz = _tar(
+        tmp_path / "b.tar.gz",
+        lambda b: (
+            _tar_member(b, "OCT2017/train/CNV/CNV-1-1.jpeg", b"j"),
+            _tar_member(b, "OCT2017/link", kind=tarfile.SYMTYPE, link="train/CNV"),
+        ),
+    )
     out = extract(tgz, tmp_path / "tgz", say=quiet)
     assert (out / "OCT2017" / "train" / "CNV" / "CNV-1-1.jpeg").read_bytes() == b"j"
 
@@ -133,9 +139,24 @@ def test_zip_and_tar_extract_once(tmp_path):
         ("zip-absolute", lambda p: _zip(p / "evil.zip", {"/tmp/escaped.txt": b"x"})),
         ("tar-dotdot", lambda p: _tar(p / "evil.tar.gz", lambda b: _tar_member(b, "a/../../escaped.txt"))),
         ("tar-absolute", lambda p: _tar(p / "evil.tar.gz", lambda b: _tar_member(b, "/tmp/escaped.txt"))),
-        ("tar-symlink-out", lambda p: _tar(p / "evil.tar.gz", lambda b: _tar_member(b, "data/link", kind=tarfile.SYMTYPE, link="../../../etc"))),
-        ("tar-symlink-absolute", lambda p: _tar(p / "evil.tar.gz", lambda b: _tar_member(b, "data/link", kind=tarfile.SYMTYPE, link="/etc/passwd"))),
-        ("tar-hardlink-out", lambda p: _tar(p / "evil.tar.gz", lambda b: _tar_member(b, "data/hard", kind=tarfile.LNKTYPE, link="../outside"))),
+        (
+            "tar-symlink-out",
+            lambda p: _tar(
+                p / "evil.tar.gz", lambda b: _tar_member(b, "data/link", kind=tarfile.SYMTYPE, link="../../../etc")
+            ),
+        ),
+        (
+            "tar-symlink-absolute",
+            lambda p: _tar(
+                p / "evil.tar.gz", lambda b: _tar_member(b, "data/link", kind=tarfile.SYMTYPE, link="/etc/passwd")
+            ),
+        ),
+        (
+            "tar-hardlink-out",
+            lambda p: _tar(
+                p / "evil.tar.gz", lambda b: _tar_member(b, "data/hard", kind=tarfile.LNKTYPE, link="../outside")
+            ),
+        ),
     ],
 )
 def test_members_escaping_the_target_stop_extraction(tmp_path, name, build):

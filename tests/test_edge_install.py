@@ -30,8 +30,11 @@ def train_only_modules() -> set[str]:
     """Top-level modules installed by the `train` extra's distributions, plus Keras and Horovod (which come
     with TensorFlow / install.sh). Derived from the installed distributions, not from covidxray's code."""
     train = {requirement_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["train"]}
-    modules = {module for module, dists in packages_distributions().items()
-               if any(d.lower().replace("_", "-") in train for d in dists)}
+    modules = {
+        module
+        for module, dists in packages_distributions().items()
+        if any(d.lower().replace("_", "-") in train for d in dists)
+    }
     return modules | {"keras", "tf_keras", "horovod"}
 
 
@@ -49,8 +52,12 @@ app(args=sys.argv[1:], prog_name='covidxray')
 
 
 def run_on_edge(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCKER, ",".join(sorted(train_only_modules())), *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKER, ",".join(sorted(train_only_modules())), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_base_dependencies_are_the_light_set():
@@ -58,8 +65,16 @@ def test_base_dependencies_are_the_light_set():
     extras = PYPROJECT["project"]["optional-dependencies"]
     heavy = {"tensorflow", "tensorflow-cpu", "scikit-learn", "albumentations", "kaggle", "matplotlib", "horovod"}
     assert not base & heavy
-    assert {"ai-edge-litert", "opencv-python-headless", "numpy", "pydicom", "pylibjpeg", "pylibjpeg-libjpeg",
-            "pylibjpeg-openjpeg", "pylibjpeg-rle"} <= base
+    assert {
+        "ai-edge-litert",
+        "opencv-python-headless",
+        "numpy",
+        "pydicom",
+        "pylibjpeg",
+        "pylibjpeg-libjpeg",
+        "pylibjpeg-openjpeg",
+        "pylibjpeg-rle",
+    } <= base
     assert "edge" in extras and heavy - {"horovod"} <= {requirement_name(r) for r in extras["train"]}
     install_sh = (REPO / "scripts" / "install.sh").read_text()
     assert '-e ".[train,dev]"' in install_sh
@@ -68,8 +83,17 @@ def test_base_dependencies_are_the_light_set():
 def test_the_blocker_really_hides_the_train_stack():
     """Guard for the tests below: without it they would pass on a full install for the wrong reason."""
     assert {"tensorflow", "sklearn", "matplotlib", "albumentations"} <= train_only_modules()
-    probe = subprocess.run([sys.executable, "-c", BLOCKER.split("from covidxray")[0] + "import tensorflow",
-                            ",".join(train_only_modules())], capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            BLOCKER.split("from covidxray")[0] + "import tensorflow",
+            ",".join(train_only_modules()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert probe.returncode != 0 and "No module named 'tensorflow'" in probe.stderr
 
 
@@ -81,7 +105,9 @@ def test_predict_works_without_the_train_stack(exported_run, synthetic_data, sha
     result = run_on_edge("predict", "--model", str(exported_run), "--json", *files)
     document = json.loads(result.stdout)
     check_schema(document)
-    assert [entry["file"] for entry in document] == files and not any("error" in entry for entry in document), result.stderr[-2000:]
+    assert [entry["file"] for entry in document] == files and not any("error" in entry for entry in document), (
+        result.stderr[-2000:]
+    )
     assert "label" in document[0]  # the phantom is what the model was trained on
     # The model saw only phantoms, so its out-of-distribution gate may refuse the real radiographs: that is a
     # decoded image and predict's answer (exit 1), not a failure of the edge install.
@@ -114,7 +140,9 @@ def test_training_commands_name_the_install_they_need(command, exported_run, syn
 def test_predict_explain_says_it_needs_tensorflow(exported_run, synthetic_data, tmp_path):
     """Grad-CAM runs the Keras model: on an edge install, a message instead of a traceback or a silent skip."""
     image = str(held_out_images(synthetic_data, 1)[0])
-    result = run_on_edge("predict", "--model", str(exported_run), "--explain", "--explain-dir", str(tmp_path / "gc"), image)
+    result = run_on_edge(
+        "predict", "--model", str(exported_run), "--explain", "--explain-dir", str(tmp_path / "gc"), image
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "needs TensorFlow" in " ".join(result.stderr.split())
     assert not (tmp_path / "gc").exists()

@@ -33,7 +33,9 @@ def test_roc_auc_and_curve_match_sklearn(predictions):
         np.testing.assert_allclose(tpr, sk_tpr)
         np.testing.assert_allclose(thresholds[1:], sk_thresholds[1:])
         assert metrics.roc_auc(labels == c, probs[:, c]) == pytest.approx(sk.roc_auc_score(labels == c, probs[:, c]))
-    assert metrics.macro_auc(labels, probs) == pytest.approx(sk.roc_auc_score(labels, probs, multi_class="ovr", average="macro"))
+    assert metrics.macro_auc(labels, probs) == pytest.approx(
+        sk.roc_auc_score(labels, probs, multi_class="ovr", average="macro")
+    )
 
 
 def test_heavily_tied_scores_count_ties_half_as_sklearn_does():
@@ -50,7 +52,9 @@ def test_heavily_tied_scores_count_ties_half_as_sklearn_does():
 def test_confusion_and_rates_match_sklearn(predictions):
     labels, probs = predictions
     predicted = probs.argmax(1)
-    np.testing.assert_array_equal(metrics.confusion_matrix(labels, predicted, 3), sk.confusion_matrix(labels, predicted, labels=[0, 1, 2]))
+    np.testing.assert_array_equal(
+        metrics.confusion_matrix(labels, predicted, 3), sk.confusion_matrix(labels, predicted, labels=[0, 1, 2])
+    )
     report = classification_report(labels, probs, ["a", "b", "c"], [None, None, None])
     assert report["accuracy"] == pytest.approx(sk.accuracy_score(labels, predicted))
     recall = sk.recall_score(labels, predicted, average=None)
@@ -151,9 +155,16 @@ def test_per_source_metrics_match_sklearn_on_each_subset(predictions):
     names = ["a", "b", "c"]
     sources = np.array(["kaggle", "ieee", "talo"], dtype=object)[np.random.default_rng(11).integers(0, 3, labels.size)]
     sources[(sources == "talo") & (labels != 2)] = "ieee"  # talo: one class only, so its AUCs are undefined
-    manifest = {"labels": names, "splits": {"train": {"sources": {"kaggle": 100, "ieee": 40, "talo": 0}},
-                                            "test": {"sources": {"kaggle": 1, "ieee": 1, "talo": 1}}}}
-    report = per_source_report(labels, probs, sources, manifest, lambda y, p: classification_report(y, p, names, [None] * 3))
+    manifest = {
+        "labels": names,
+        "splits": {
+            "train": {"sources": {"kaggle": 100, "ieee": 40, "talo": 0}},
+            "test": {"sources": {"kaggle": 1, "ieee": 1, "talo": 1}},
+        },
+    }
+    report = per_source_report(
+        labels, probs, sources, manifest, lambda y, p: classification_report(y, p, names, [None] * 3)
+    )
     assert sorted(report) == ["ieee", "kaggle", "talo"]
     for source, entry in report.items():
         members = sources == source
@@ -199,7 +210,10 @@ def test_evaluate_writes_report_and_plots(evaluated_run, synthetic_data):
     assert report["split"] == "test" and report["images"] == matrix.sum() == test["records"]
     assert matrix.sum(1).tolist() == [test["classes"][c] for c in manifest["labels"]]
     assert report["accuracy"] == pytest.approx(np.trace(matrix) / matrix.sum())
-    assert report["thresholds"]["chosen_on"] == "val" and report["thresholds"]["val_images"] == manifest["splits"]["val"]["records"]
+    assert (
+        report["thresholds"]["chosen_on"] == "val"
+        and report["thresholds"]["val_images"] == manifest["splits"]["val"]["records"]
+    )
     assert report["data_is_training_data"] is True
     for name in manifest["labels"]:
         entry = report["per_class"][name]
@@ -225,8 +239,10 @@ def test_evaluate_reports_calibration_and_sources(evaluated_run, synthetic_data)
     gaps = sum(b["count"] * abs(b["accuracy"] - b["confidence"]) for b in calibration["reliability"] if b["count"])
     assert calibration["ece"] == pytest.approx(gaps / report["images"])
     diagram = cv2.imread(str(run_dir / "reliability.png"))
-    assert diagram is not None and diagram.shape[0] > 300 and diagram.shape[1] > 300 and diagram.std() > 10  # a drawn figure
-    (source, entry), = report["per_source"].items()  # one source: its report is the overall one
+    assert (
+        diagram is not None and diagram.shape[0] > 300 and diagram.shape[1] > 300 and diagram.std() > 10
+    )  # a drawn figure
+    ((source, entry),) = report["per_source"].items()  # one source: its report is the overall one
     assert source == "synthetic" and entry["images"] == report["images"] and entry["unseen"] is False
     assert entry["classes"] == manifest["splits"]["test"]["classes"] and entry["accuracy"] == report["accuracy"]
     assert "ECE" in result.stderr and "synthetic" in result.stderr
@@ -240,7 +256,9 @@ def test_evaluate_sees_what_keras_sees_on_the_test_split(evaluated_run, syntheti
 
     run_dir, _ = evaluated_run
     images, labels = load_split(synthetic_data, "test")
-    predicted = tf.keras.models.load_model(str(run_dir / "model.keras"), compile=False).predict(images, verbose=0).argmax(1)
+    predicted = (
+        tf.keras.models.load_model(str(run_dir / "model.keras"), compile=False).predict(images, verbose=0).argmax(1)
+    )
     report = json.loads((run_dir / "evaluation.json").read_text())
     np.testing.assert_array_equal(sk.confusion_matrix(labels, predicted, labels=[0, 1, 2]), report["confusion_matrix"])
 

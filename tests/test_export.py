@@ -51,7 +51,11 @@ def test_report_agreement_matches_an_independent_check(all_formats_run, syntheti
     from covidxray.export.tflite import load_split
 
     images, labels = load_split(synthetic_data, "test")
-    keras = tf.keras.models.load_model(str(all_formats_run / "model.keras"), compile=False).predict(images, verbose=0).argmax(1)
+    keras = (
+        tf.keras.models.load_model(str(all_formats_run / "model.keras"), compile=False)
+        .predict(images, verbose=0)
+        .argmax(1)
+    )
     report = json.loads((all_formats_run / "export_report.json").read_text())
     lite = TFLiteClassifier(all_formats_run / "model-int8.tflite").predict(images).argmax(1)
     assert report["int8"]["agreement"] == pytest.approx((lite == keras).mean())
@@ -129,7 +133,16 @@ def test_int8_below_the_bar_fails_loudly(trained_run, synthetic_data, tmp_path):
     from covidxray.export.tflite import export
 
     run_dir = copy_trained_model(trained_run, tmp_path / "run")
-    config = load_config(None, [{"data": {"data_dir": str(synthetic_data)}, "train": {"run_dir": str(run_dir)}, "export": {"formats": ["float16", "int8"]}}])
+    config = load_config(
+        None,
+        [
+            {
+                "data": {"data_dir": str(synthetic_data)},
+                "train": {"run_dir": str(run_dir)},
+                "export": {"formats": ["float16", "int8"]},
+            }
+        ],
+    )
     config.export.int8_min_agreement = 1.01
     with pytest.raises(UserError) as refused:
         export(config, say=lambda _message: None)
@@ -179,7 +192,9 @@ def test_sidecar_temperature_and_ood_threshold_are_what_val_says(all_formats_run
         assert card["temperature"]["nll_after"] <= card["temperature"]["nll_before"] + 1e-9
         distances = []
         for e in embeddings:
-            distances.append(min(float(np.sqrt((e - m) @ classifier.ood.precision @ (e - m))) for m in classifier.ood.means))
+            distances.append(
+                min(float(np.sqrt((e - m) @ classifier.ood.precision @ (e - m))) for m in classifier.ood.means)
+            )
         assert card["ood"]["threshold"] == pytest.approx(max(distances) * ExportConfig().ood_margin, rel=1e-5)
         assert card["ood"]["val_images"] == len(labels)
         report = json.loads((all_formats_run / "export_report.json").read_text())[fmt]

@@ -58,7 +58,9 @@ def test_tflite_agrees_with_keras_on_test_split(exported_run, synthetic_data):
     images, _ = load_split(synthetic_data, "test")
     keras = tf.keras.models.load_model(str(exported_run / "model.keras"), compile=False).predict(images, verbose=0)
     classifier = TFLiteClassifier(exported_run / "model-float32.tflite")
-    lite = np.stack([classifier.infer(image)[0] for image in images])  # the model's own output, before the sidecar's temperature
+    lite = np.stack(
+        [classifier.infer(image)[0] for image in images]
+    )  # the model's own output, before the sidecar's temperature
     assert (keras.argmax(1) == lite.argmax(1)).mean() >= 0.98
     np.testing.assert_allclose(keras, lite, atol=1e-3)
     assert (classifier.predict(images).argmax(1) == lite.argmax(1)).all()  # temperature scaling never changes the class

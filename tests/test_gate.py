@@ -16,7 +16,16 @@ from covidxray.edge.preprocess import load_gray
 def text_page(width: int = 1240, height: int = 1754, background: int = 255, ink: int = 0) -> np.ndarray:
     page = np.full((height, width), background, np.uint8)
     for row in range(1, height // 40):
-        cv2.putText(page, "The patient was seen on the ward; chest film to follow.", (30, row * 40), cv2.FONT_HERSHEY_SIMPLEX, 1.0, ink, 2, cv2.LINE_AA)
+        cv2.putText(
+            page,
+            "The patient was seen on the ward; chest film to follow.",
+            (30, row * 40),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            1.0,
+            ink,
+            2,
+            cv2.LINE_AA,
+        )
     return page
 
 
@@ -29,7 +38,10 @@ def non_radiographs() -> dict[str, tuple[np.ndarray, str]]:
         "all black": (np.zeros((800, 600), np.uint8), "near-uniform"),
         "near-constant gray": (np.clip(128 + rng.normal(0, 2, (512, 512)), 0, 255).astype(np.uint8), "near-uniform"),
         "16 x 4000 noise strip": (rng.integers(0, 256, (16, 4000), dtype=np.uint8), "too-small|extreme-aspect"),
-        "whole-body strip 1024 x 256": (cv2.resize(rng.integers(0, 256, (8, 4), dtype=np.uint8), (256, 1024)), "extreme-aspect"),
+        "whole-body strip 1024 x 256": (
+            cv2.resize(rng.integers(0, 256, (8, 4), dtype=np.uint8), (256, 1024)),
+            "extreme-aspect",
+        ),
         "checkerboard": (checker, "few-gray-levels"),
         "uniform noise": (rng.integers(0, 256, (512, 512), dtype=np.uint8), "text-or-noise"),
         "25 px face-sized thumbnail": (cv2.resize(rng.integers(0, 256, (5, 5), dtype=np.uint8), (25, 25)), "too-small"),
@@ -57,7 +69,12 @@ def test_the_first_failing_check_names_its_feature_value():
 def real_radiographs(shared) -> list:
     """Every real radiograph of the small sets and every 10th of the 5,856 Kaggle images (all of them: scripts/bench_gate.py)."""
     kaggle = sorted((shared / "chest-xray-pneumonia-224").rglob("*.jpeg"))[::10]
-    others = [p for folder in ("chest-xray-pneumonia-originals", "covid19-talo-sample") for p in sorted((shared / folder).rglob("*")) if p.suffix.lower() in (".jpeg", ".jpg", ".png")]
+    others = [
+        p
+        for folder in ("chest-xray-pneumonia-originals", "covid19-talo-sample")
+        for p in sorted((shared / folder).rglob("*"))
+        if p.suffix.lower() in (".jpeg", ".jpg", ".png")
+    ]
     ieee = shared / "covid-chestxray-sample" / "covid-chestxray-dataset"
     import csv
 
@@ -93,7 +110,9 @@ def test_prepare_drops_non_radiographs_with_a_counted_reason(shared_data, tmp_pa
     cv2.imwrite(str(folder / "00099999_000.png"), np.full((1024, 1024), 255, np.uint8))
     cv2.imwrite(str(folder / "00099998_000.png"), text_page())
     data_dir = tmp_path / "data"
-    result = run_cli("prepare", "--source", "covid19-talo", "--from", str(source), "--data-dir", str(data_dir), "--image-size", "64")
+    result = run_cli(
+        "prepare", "--source", "covid19-talo", "--from", str(source), "--data-dir", str(data_dir), "--image-size", "64"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = json.loads((data_dir / "manifest.json").read_text())
     assert manifest["dropped"].get("covid19-talo: image not-radiograph") == 2, manifest["dropped"]

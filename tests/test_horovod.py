@@ -34,7 +34,19 @@ def _assert_replicas_agree(log: dict, ranks: int) -> None:
 @pytest.mark.slow
 def test_gloo_two_ranks_agree_warm_up_and_only_rank_0_writes(synthetic_data, tmp_path):
     """Each rank gets its own --run-dir: rank 1's must never come into existence."""
-    train = " ".join(_train_args(synthetic_data, f"{tmp_path}/rank$HOROVOD_RANK", 2, "--set", "train.warmup_epochs=1", "--set", "train.learning_rate=0.001", "--set", "train.lr_schedule=constant"))
+    train = " ".join(
+        _train_args(
+            synthetic_data,
+            f"{tmp_path}/rank$HOROVOD_RANK",
+            2,
+            "--set",
+            "train.warmup_epochs=1",
+            "--set",
+            "train.learning_rate=0.001",
+            "--set",
+            "train.lr_schedule=constant",
+        )
+    )
     command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", "sh", "-c", f"exec {COVIDXRAY} {train}"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENV)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -64,8 +76,18 @@ def test_mpi_two_ranks_agree(synthetic_data, tmp_path, launcher):
         command = ["mpirun", "-np", "2"]
     else:
         command = [HOROVODRUN, "--mpi", "-np", "2", "-H", "localhost:2"]
-        env = {**ENV, "PATH": f"{REPO / 'scripts' / 'mpich-shim'}{os.pathsep}{ENV['PATH']}", "COVIDXRAY_REAL_MPIRUN": shutil.which("mpirun")}
-    result = subprocess.run([*command, COVIDXRAY, *_train_args(synthetic_data, run_dir, 2)], capture_output=True, text=True, timeout=600, env=env)
+        env = {
+            **ENV,
+            "PATH": f"{REPO / 'scripts' / 'mpich-shim'}{os.pathsep}{ENV['PATH']}",
+            "COVIDXRAY_REAL_MPIRUN": shutil.which("mpirun"),
+        }
+    result = subprocess.run(
+        [*command, COVIDXRAY, *_train_args(synthetic_data, run_dir, 2)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     log = _log(run_dir)
     _assert_replicas_agree(log, 2)
@@ -84,11 +106,23 @@ def test_elastic_job_survives_a_killed_worker(synthetic_data, tmp_path):
     hosts_file, run_dir, epochs = tmp_path / "hosts.txt", tmp_path / "run", 6
     hosts_file.write_text("localhost:1\n127.0.0.1:1\n")
     command = [
-        HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2",
-        "--host-discovery-script", str(REPO / "scripts" / "discover_hosts.sh"),
-        COVIDXRAY, *_train_args(synthetic_data, run_dir, epochs, "--elastic", "--batch-size", "8", "--set", "train.lr_schedule=constant"),
+        HOROVODRUN,
+        "-np",
+        "2",
+        "--min-np",
+        "1",
+        "--max-np",
+        "2",
+        "--host-discovery-script",
+        str(REPO / "scripts" / "discover_hosts.sh"),
+        COVIDXRAY,
+        *_train_args(
+            synthetic_data, run_dir, epochs, "--elastic", "--batch-size", "8", "--set", "train.lr_schedule=constant"
+        ),
     ]
-    returncode, output = run_killing_one_worker(command, {**ENV, "COVIDXRAY_HOSTS_FILE": str(hosts_file)}, run_dir, "HOROVOD_RANK=0")
+    returncode, output = run_killing_one_worker(
+        command, {**ENV, "COVIDXRAY_HOSTS_FILE": str(hosts_file)}, run_dir, "HOROVOD_RANK=0"
+    )
     assert returncode == 0, output[-4000:]
     log = _log(run_dir)
     assert [e["epoch"] for e in log["epochs"]] == list(range(1, epochs + 1))
@@ -103,13 +137,21 @@ def test_elastic_job_survives_a_killed_worker(synthetic_data, tmp_path):
 def test_discovery_script_prints_host_slots(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("# the cluster\npi01:2\npi02   # spare PSU\n\n  pi03:1\nbad:x\npi04 slots=3\n")
-    result = subprocess.run([str(REPO / "scripts" / "discover_hosts.sh")], capture_output=True, text=True,
-                            env={**os.environ, "COVIDXRAY_HOSTS_FILE": str(hosts), "COVIDXRAY_DEFAULT_SLOTS": "4"})
+    result = subprocess.run(
+        [str(REPO / "scripts" / "discover_hosts.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COVIDXRAY_HOSTS_FILE": str(hosts), "COVIDXRAY_DEFAULT_SLOTS": "4"},
+    )
     assert result.returncode == 0
     assert result.stdout.split() == ["pi01:2", "pi02:4", "pi03:1", "pi04:3"]  # horovodrun's hostfile lines work too
     assert "bad:x" in result.stderr
-    missing = subprocess.run([str(REPO / "scripts" / "discover_hosts.sh")], capture_output=True, text=True,
-                             env={**os.environ, "COVIDXRAY_HOSTS_FILE": str(tmp_path / "nope")})
+    missing = subprocess.run(
+        [str(REPO / "scripts" / "discover_hosts.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COVIDXRAY_HOSTS_FILE": str(tmp_path / "nope")},
+    )
     assert missing.returncode != 0 and "COVIDXRAY_HOSTS_FILE" in missing.stderr
 
 
@@ -124,7 +166,11 @@ def test_doctor_json_reports_horovod_build_and_verifies_shards(synthetic_data):
     assert report["versions"]["horovod"] == "0.28.1" and report["versions"]["tensorflow"].startswith("2.15")
     assert report["system"]["cores_usable"] >= 1 and report["system"]["disk_free_mb"] > 0
     assert report["shards"]["shards"] == len(json.loads((synthetic_data / "manifest.json").read_text())["shards"])
-    assert {c["name"] for c in report["checks"] if c["required"]} >= {"tensorflow", "horovod", "shards match manifest sha256"}
+    assert {c["name"] for c in report["checks"] if c["required"]} >= {
+        "tensorflow",
+        "horovod",
+        "shards match manifest sha256",
+    }
 
 
 def test_doctor_names_a_changed_or_missing_shard(synthetic_data, tmp_path):
@@ -153,9 +199,17 @@ def test_gradient_compression_and_fusion_settings_reach_horovod(compression):
     import numpy as np
 
     probe = [str(VENV_BIN / "python"), str(REPO / "tests" / "compression_probe.py"), compression, "16", "2.5"]
-    result = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", *probe], capture_output=True, text=True, timeout=300, env=ENV)
+    result = subprocess.run(
+        [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", *probe],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    report = json.loads(next(line.split(">:", 1)[1] for line in result.stdout.splitlines() if line.startswith("[0]<stdout>:{")))
+    report = json.loads(
+        next(line.split(">:", 1)[1] for line in result.stdout.splitlines() if line.startswith("[0]<stdout>:{"))
+    )
     gradients = np.array([1.0001, 1.0003], np.float32)  # tests/compression_probe.py X
     if compression == "fp16":
         halves = gradients.astype(np.float16)
@@ -177,8 +231,15 @@ def test_doctor_measures_a_pi_sized_training_rank_on_real_xrays(shared_data, tmp
 
     data_dir = tmp_path / "talo"
     talo = {"covid19-talo": {"from_path": str(shared_data / "covid19-talo-sample")}}
-    prepare(load_config(None, [{"data": {"sources": talo, "data_dir": str(data_dir), "image_size": 224, "records_per_shard": 8}}]).data, log=lambda _m: None)
-    result = run_cli("doctor", "--json", "--data-dir", str(data_dir), "--config", str(REPO / "configs" / "pi-cluster.yaml"))
+    prepare(
+        load_config(
+            None, [{"data": {"sources": talo, "data_dir": str(data_dir), "image_size": 224, "records_per_shard": 8}}]
+        ).data,
+        log=lambda _m: None,
+    )
+    result = run_cli(
+        "doctor", "--json", "--data-dir", str(data_dir), "--config", str(REPO / "configs" / "pi-cluster.yaml")
+    )
     report = json.loads(result.stdout)
     memory = report["training_memory"]
     assert "error" not in memory, memory
@@ -209,7 +270,12 @@ def test_doctor_warns_when_the_hostname_resolves_to_loopback(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", resolving_to("::1"))
     assert gloo_address()["reachable"] is False
     monkeypatch.setattr(socket, "getaddrinfo", resolving_to("192.168.1.107"))
-    assert gloo_address() == {"hostname": "pi07", "address": "192.168.1.107", "reachable": True, "detail": "pi07 -> 192.168.1.107"}
+    assert gloo_address() == {
+        "hostname": "pi07",
+        "address": "192.168.1.107",
+        "reachable": True,
+        "detail": "pi07 -> 192.168.1.107",
+    }
 
 
 def test_tuning_leaves_horovod_defaults_unset_and_refuses_the_elastic_crash(monkeypatch):

@@ -21,7 +21,15 @@ LABELS = ["normal", "pneumonia", "covid-19"]
 RESULT_SCHEMA = {"file": str, "label": str, "confidence": float, "probabilities": dict}
 ERROR_SCHEMA = {"file": str, "error": str, "reason": str}
 REJECTED_SCHEMA = {"file": str, "rejected": str, "reason": str, "score": float, "limit": float}
-GATE_REASONS = {"too-small", "too-smooth", "extreme-aspect", "near-uniform", "text-or-noise", "few-gray-levels", "out-of-distribution"}
+GATE_REASONS = {
+    "too-small",
+    "too-smooth",
+    "extreme-aspect",
+    "near-uniform",
+    "text-or-noise",
+    "few-gray-levels",
+    "out-of-distribution",
+}
 OPTIONAL = {"gradcam": str}
 REASONS = {"missing", "empty", "unreadable", "not-xray", "unsupported"}
 
@@ -72,15 +80,24 @@ def bad_files(tmp_path) -> dict[str, Path]:
     shutil.copy(get_testdata_file("CT_small.dcm", download=False), folder / "ct.dcm")
     (tmp_path / "empty-folder").mkdir()
     return {
-        "notes.txt": folder / "notes.txt", "broken.png": folder / "broken.png", "empty.jpg": folder / "empty.jpg",
-        "photo.jpg": folder / "photo.jpg", "ct.dcm": folder / "ct.dcm", "missing.png": folder / "missing.png",
+        "notes.txt": folder / "notes.txt",
+        "broken.png": folder / "broken.png",
+        "empty.jpg": folder / "empty.jpg",
+        "photo.jpg": folder / "photo.jpg",
+        "ct.dcm": folder / "ct.dcm",
+        "missing.png": folder / "missing.png",
         "empty-folder": tmp_path / "empty-folder",
     }
 
 
 EXPECTED_REASONS = {
-    "notes.txt": "unreadable", "broken.png": "unreadable", "empty.jpg": "empty", "photo.jpg": "not-xray",
-    "ct.dcm": "not-xray", "missing.png": "missing", "empty-folder": "empty",
+    "notes.txt": "unreadable",
+    "broken.png": "unreadable",
+    "empty.jpg": "empty",
+    "photo.jpg": "not-xray",
+    "ct.dcm": "not-xray",
+    "missing.png": "missing",
+    "empty-folder": "empty",
 }
 
 
@@ -98,7 +115,9 @@ def test_predict_never_imports_tensorflow(exported_run, synthetic_data):
     images = [str(p) for p in held_out_images(synthetic_data, 2)]
     result = subprocess.run(
         [sys.executable, "-c", wrapper, "predict", "--model", str(exported_run), "--json", *images],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     marker = json.loads(result.stderr.rsplit("MODULES ", 1)[1])
     assert marker == {"exit": 0, "heavy": []}, result.stderr[-2000:]
@@ -123,7 +142,14 @@ def test_bad_files_get_their_own_error_and_the_rest_still_predict(all_formats_ru
 
 def test_plain_output_is_one_line_per_file(exported_run, synthetic_data, bad_files):
     good = held_out_images(synthetic_data, 2)
-    result = run_cli("predict", "--model", str(exported_run / "model-float32.tflite"), str(good[0]), str(bad_files["photo.jpg"]), str(good[1]))
+    result = run_cli(
+        "predict",
+        "--model",
+        str(exported_run / "model-float32.tflite"),
+        str(good[0]),
+        str(bad_files["photo.jpg"]),
+        str(good[1]),
+    )
     assert result.returncode == 1
     lines = result.stdout.splitlines()
     assert [line.split(": ")[0] for line in lines] == [str(good[0]), str(good[1])]
@@ -138,7 +164,9 @@ def test_a_folder_is_expanded_recursively_including_suffixless_dicom(exported_ru
     (folder / "sub").mkdir(parents=True)
     first, second = held_out_images(synthetic_data, 2)
     shutil.copy(first, folder / first.name)
-    write_dicom(folder / "sub" / "IM0001", cv2.imread(str(second), cv2.IMREAD_GRAYSCALE), WindowCenter=128, WindowWidth=256)
+    write_dicom(
+        folder / "sub" / "IM0001", cv2.imread(str(second), cv2.IMREAD_GRAYSCALE), WindowCenter=128, WindowWidth=256
+    )
     (folder / "README").write_text("a suffix-less file that is not DICOM is skipped")
     result = run_cli("predict", "--model", str(exported_run), "--json", str(folder))
     assert result.returncode == 0, result.stderr
@@ -170,9 +198,23 @@ def test_dicom_encodings_of_an_image_predict_like_its_png(exported_run, syntheti
         png,
         write_dicom(tmp_path / "mono2-8bit.dcm", gray, **identity),
         write_dicom(tmp_path / "mono1-8bit.dcm", 255 - gray, photometric="MONOCHROME1", **identity),
-        write_dicom(tmp_path / "mono2-16bit.dcm", gray.astype(np.uint16) * 256, RescaleSlope=1 / 256, RescaleIntercept=0, **identity),
-        write_dicom(tmp_path / "cr-12bit-mono1.dcm", (255 - gray.astype(np.uint16)) * 16 + 10, modality="CR", photometric="MONOCHROME1",
-                    BitsStored=12, RescaleSlope=1 / 16, RescaleIntercept=-10 / 16, **identity),
+        write_dicom(
+            tmp_path / "mono2-16bit.dcm",
+            gray.astype(np.uint16) * 256,
+            RescaleSlope=1 / 256,
+            RescaleIntercept=0,
+            **identity,
+        ),
+        write_dicom(
+            tmp_path / "cr-12bit-mono1.dcm",
+            (255 - gray.astype(np.uint16)) * 16 + 10,
+            modality="CR",
+            photometric="MONOCHROME1",
+            BitsStored=12,
+            RescaleSlope=1 / 16,
+            RescaleIntercept=-10 / 16,
+            **identity,
+        ),
     ]
     results = predict_files(files, exported_run / "model-float32.tflite")
     reference = results[0]["probabilities"]
@@ -204,7 +246,11 @@ def test_model_without_or_with_a_foreign_sidecar_is_refused(all_formats_run, tmp
     assert result.returncode == 2 and "sidecar" in one_line(result.stderr)
     shutil.copy(all_formats_run / "model-float16.json", tmp_path / "model.json")
     result = run_cli("predict", "--model", str(tmp_path / "model.tflite"), image)
-    assert result.returncode == 2 and "does not match its sidecar" in one_line(result.stderr) and "Traceback" not in result.stderr
+    assert (
+        result.returncode == 2
+        and "does not match its sidecar" in one_line(result.stderr)
+        and "Traceback" not in result.stderr
+    )
 
 
 def test_explain_writes_a_gradcam_overlay_per_image(exported_run, synthetic_data, tmp_path):
@@ -213,7 +259,9 @@ def test_explain_writes_a_gradcam_overlay_per_image(exported_run, synthetic_data
     twin.parent.mkdir()
     shutil.copy(first, twin)
     out = tmp_path / "heat"
-    result = run_cli("predict", "--model", str(exported_run), "--explain", "--explain-dir", str(out), "--json", str(first), str(twin))
+    result = run_cli(
+        "predict", "--model", str(exported_run), "--explain", "--explain-dir", str(out), "--json", str(first), str(twin)
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     document = json.loads(result.stdout)
     check_schema(document)
@@ -267,7 +315,9 @@ def test_gradcam_forward_reproduces_the_model(name):
     model = build_model(name, 64, 3)
     image = np.random.default_rng(0).uniform(0, 255, (64, 64, 1)).astype(np.float32)
     maps, scores = score_function(model)(tf.constant(image[None]))
-    np.testing.assert_allclose(tf.nn.softmax(scores).numpy(), model(image[None], training=False).numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        tf.nn.softmax(scores).numpy(), model(image[None], training=False).numpy(), rtol=1e-4, atol=1e-6
+    )
     assert maps.shape.rank == 4
     heat = heatmap(score_function(model), image, 1)
     assert heat.shape == tuple(maps.shape[1:3]) and np.isfinite(heat).all() and 0 <= heat.min() <= heat.max() <= 1
@@ -283,7 +333,10 @@ def sidecar_edits() -> dict:
         "more labels": (lambda card: {**card, "labels": [*card["labels"], "tuberculosis"]}, "lists 4 labels"),
         "other image size": (lambda card: {**card, "image_size": 128}, "image_size 128"),
         "negative temperature": (lambda card: {**card, "temperature": {"value": -1}}, "temperature"),
-        "damaged ood": (lambda card: {**card, "ood": {**card["ood"], "precision": "AAAA"}}, "out-of-distribution section is damaged"),
+        "damaged ood": (
+            lambda card: {**card, "ood": {**card["ood"], "precision": "AAAA"}},
+            "out-of-distribution section is damaged",
+        ),
     }
 
 
@@ -293,7 +346,9 @@ def test_a_sidecar_that_does_not_fit_the_model_is_one_clear_error(all_formats_ru
     shutil.copy(all_formats_run / "model-int8.tflite", tmp_path / "model-int8.tflite")
     card = json.loads((all_formats_run / "model-int8.json").read_text())
     (tmp_path / "model-int8.json").write_text(json.dumps(edit(card)))
-    result = run_cli("predict", "--model", str(tmp_path / "model-int8.tflite"), "--json", str(held_out_images(synthetic_data, 1)[0]))
+    result = run_cli(
+        "predict", "--model", str(tmp_path / "model-int8.tflite"), "--json", str(held_out_images(synthetic_data, 1)[0])
+    )
     message = one_line(result.stderr)
     assert result.returncode == 2 and result.stdout == "", (name, message)
     assert f"sidecar {tmp_path / 'model-int8.json'}" in message and words in message and "export" in message, message
@@ -312,7 +367,9 @@ def test_one_malformed_dicom_among_many_is_a_per_file_error(exported_run, synthe
     bad_window.save_as(str(tmp_path / "window-abc.dcm"))
     raw = (tmp_path / "window-abc.dcm").read_bytes()
     assert raw.count(b"-1234.5678") == 1
-    (tmp_path / "window-abc.dcm").write_bytes(raw.replace(b"-1234.5678", b"abc       "))  # same length: the file stays well-formed
+    (tmp_path / "window-abc.dcm").write_bytes(
+        raw.replace(b"-1234.5678", b"abc       ")
+    )  # same length: the file stays well-formed
     bad_lut = pydicom.dcmread(str(real))
     item = Dataset()
     item.LUTExplanation = "broken"
@@ -338,7 +395,15 @@ def test_images_with_no_anatomy_are_rejected_not_classified(exported_run, synthe
     page = tmp_path / "screenshot.png"
     text = np.full((1080, 1920), 255, np.uint8)
     for row in range(1, 26):
-        cv2.putText(text, "Results pending; see the attached radiology report.", (40, row * 40), cv2.FONT_HERSHEY_SIMPLEX, 1.0, 0, 2)
+        cv2.putText(
+            text,
+            "Results pending; see the attached radiology report.",
+            (40, row * 40),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            1.0,
+            0,
+            2,
+        )
     cv2.imwrite(str(page), text)
     good = held_out_images(synthetic_data, 1)[0]
     result = run_cli("predict", "--model", str(exported_run), "--json", str(white), str(good), str(page))
@@ -348,7 +413,9 @@ def test_images_with_no_anatomy_are_rejected_not_classified(exported_run, synthe
     assert [entry.get("reason") for entry in document] == ["near-uniform", None, "text-or-noise"]
     assert document[0]["score"] == 0.0 and document[0]["limit"] == 24.0 and "label" in document[1]
     plain = run_cli("predict", "--model", str(exported_run), str(white), str(good))
-    assert plain.stdout.splitlines()[0] == f"{white}: rejected: not a chest radiograph (near-uniform, score 0, limit 24)"
+    assert (
+        plain.stdout.splitlines()[0] == f"{white}: rejected: not a chest radiograph (near-uniform, score 0, limit 24)"
+    )
 
 
 def test_an_image_the_model_never_saw_the_like_of_is_rejected_by_its_embedding(exported_run, synthetic_data, tmp_path):
@@ -357,7 +424,9 @@ def test_an_image_the_model_never_saw_the_like_of_is_rejected_by_its_embedding(e
     from covidxray.edge.predict import predict_files
 
     rng = np.random.default_rng(0)
-    blobs = cv2.normalize(cv2.GaussianBlur(rng.normal(0, 1, (256, 256)), (0, 0), 4), None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
+    blobs = cv2.normalize(
+        cv2.GaussianBlur(rng.normal(0, 1, (256, 256)), (0, 0), 4), None, 0, 255, cv2.NORM_MINMAX
+    ).astype(np.uint8)
     assert radiograph_gate.check(blobs).passed
     cv2.imwrite(str(tmp_path / "blobs.png"), blobs)
     good = held_out_images(synthetic_data, 20)
@@ -367,7 +436,9 @@ def test_an_image_the_model_never_saw_the_like_of_is_rejected_by_its_embedding(e
 
 
 @pytest.mark.parametrize("trained", ["other version", "described, before versions"])
-def test_a_model_trained_with_other_preprocessing_still_predicts_with_a_warning(exported_run, synthetic_data, tmp_path, trained):
+def test_a_model_trained_with_other_preprocessing_still_predicts_with_a_warning(
+    exported_run, synthetic_data, tmp_path, trained
+):
     from covidxray.edge.preprocess import PREPROCESSING_VERSION
 
     card = json.loads((exported_run / "model-float32.json").read_text())
@@ -375,7 +446,9 @@ def test_a_model_trained_with_other_preprocessing_still_predicts_with_a_warning(
     image = str(held_out_images(synthetic_data, 1)[0])
     assert "warning" not in run_cli("predict", "--model", str(exported_run / "model-float32.tflite"), image).stderr
     shutil.copy(exported_run / "model-float32.tflite", tmp_path / "model-float32.tflite")
-    card["preprocessing"] = PREPROCESSING_VERSION + 1 if trained == "other version" else {"decode": "grayscale", "resize": "cv2.INTER_AREA"}
+    card["preprocessing"] = (
+        PREPROCESSING_VERSION + 1 if trained == "other version" else {"decode": "grayscale", "resize": "cv2.INTER_AREA"}
+    )
     (tmp_path / "model-float32.json").write_text(json.dumps(card))
     result = run_cli("predict", "--model", str(tmp_path / "model-float32.tflite"), "--json", image)
     message = one_line(result.stderr)

@@ -33,7 +33,21 @@ DECODE_REASON = {"corrupt": "image unreadable", "truncated": "image unreadable",
 
 
 def config(data_dir: Path, sources: dict, **data):
-    return load_config(None, [{"data": {"sources": sources, "data_dir": str(data_dir), "image_size": 64, "records_per_shard": 6, "workers": 1, **data}}]).data
+    return load_config(
+        None,
+        [
+            {
+                "data": {
+                    "sources": sources,
+                    "data_dir": str(data_dir),
+                    "image_size": 64,
+                    "records_per_shard": 6,
+                    "workers": 1,
+                    **data,
+                }
+            }
+        ],
+    ).data
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +57,18 @@ def collections(tmp_path_factory):
     ieee = build_ieee8023(base / "ieee")
     kaggle = build_kaggle(base / "kaggle", bad=True)
     kermany, _ = build_mendeley_v2(base / "mendeley")
-    copies = {"ieee-copy-one.jpeg": ieee.root / "images" / "covid-1-PA.jpeg", "ieee-copy-two.jpeg": ieee.root / "images" / "F051E018-DAD1-4506-AD43-BE4CA29E960B.jpeg"}
+    copies = {
+        "ieee-copy-one.jpeg": ieee.root / "images" / "covid-1-PA.jpeg",
+        "ieee-copy-two.jpeg": ieee.root / "images" / "F051E018-DAD1-4506-AD43-BE4CA29E960B.jpeg",
+    }
     talo = build_talo(base / "talo", copies)
     day3 = cv2.imread(str(ieee.root / "images" / "covid-1-day3.png"), cv2.IMREAD_GRAYSCALE)
     reencoded = talo.root / "X-Ray Image DataSet" / "Covid-19" / "ieee-reencoded.jpg"  # a lossy, rescaled copy
-    reencoded.write_bytes(cv2.imencode(".jpg", cv2.resize(day3, (80, 80), interpolation=cv2.INTER_AREA), [cv2.IMWRITE_JPEG_QUALITY, 70])[1].tobytes())
+    reencoded.write_bytes(
+        cv2.imencode(".jpg", cv2.resize(day3, (80, 80), interpolation=cv2.INTER_AREA), [cv2.IMWRITE_JPEG_QUALITY, 70])[
+            1
+        ].tobytes()
+    )
     talo.labels[reencoded.name], talo.patients[reencoded.name] = "covid-19", "covid19-talo:case:ieee-reencoded"
     return {
         "layouts": {"covid-chestxray": ieee, "chest-xray-pneumonia": kaggle, "kermany": kermany, "covid19-talo": talo},
@@ -71,7 +92,12 @@ def prepared(collections, tmp_path_factory):
 def shard_records(data_dir: Path, manifest: dict) -> dict[str, list[dict]]:
     from covidxray.data import tfrecord
 
-    return {split: list(tfrecord.read_records([data_dir / "shards" / s["file"] for s in manifest["shards"] if s["split"] == split])) for split in ("train", "val", "test")}
+    return {
+        split: list(
+            tfrecord.read_records([data_dir / "shards" / s["file"] for s in manifest["shards"] if s["split"] == split])
+        )
+        for split in ("train", "val", "test")
+    }
 
 
 def test_every_drop_is_counted_per_source_and_reason(collections, prepared):
@@ -91,9 +117,14 @@ def test_every_drop_is_counted_per_source_and_reason(collections, prepared):
 
 def test_copies_across_collections_are_removed_in_favour_of_the_original(collections, prepared):
     data_dir, manifest, _ = prepared
-    kaggle_good = len(collections["layouts"]["chest-xray-pneumonia"].labels) - len(collections["layouts"]["chest-xray-pneumonia"].bad_images)
+    kaggle_good = len(collections["layouts"]["chest-xray-pneumonia"].labels) - len(
+        collections["layouts"]["chest-xray-pneumonia"].bad_images
+    )
     removed = manifest["duplicates_removed"]
-    assert removed["by_source"] == {"chest-xray-pneumonia": {"kermany": kaggle_good}, "covid19-talo": {"covid-chestxray": 3}}
+    assert removed["by_source"] == {
+        "chest-xray-pneumonia": {"kermany": kaggle_good},
+        "covid19-talo": {"covid-chestxray": 3},
+    }
     assert (removed["exact"], removed["perceptual"]) == (kaggle_good + 2, 1)
     with open(data_dir / "duplicates.csv", newline="") as handle:
         duplicates = {Path(r["removed_image"]).name: r for r in csv.DictReader(handle)}
@@ -107,7 +138,11 @@ def test_counts_per_split_source_and_class_add_up(collections, prepared):
     data_dir, manifest, _ = prepared
     layouts = collections["layouts"]
     usable = {name: len(layout.labels) - len(layout.bad_images) for name, layout in layouts.items()}
-    kept = {"kermany": usable["kermany"], "covid-chestxray": usable["covid-chestxray"], "covid19-talo": usable["covid19-talo"] - 3}
+    kept = {
+        "kermany": usable["kermany"],
+        "covid-chestxray": usable["covid-chestxray"],
+        "covid19-talo": usable["covid19-talo"] - 3,
+    }
     totals = Counter()
     for _split, info in manifest["splits"].items():
         totals.update(info["sources"])
@@ -116,7 +151,9 @@ def test_counts_per_split_source_and_class_add_up(collections, prepared):
             assert sum(classes.values()) == info["sources"][source]
     assert dict(totals) == kept
     shards = shard_records(data_dir, manifest)
-    assert {split: len(recs) for split, recs in shards.items()} == {s: i["records"] for s, i in manifest["splits"].items()}
+    assert {split: len(recs) for split, recs in shards.items()} == {
+        s: i["records"] for s, i in manifest["splits"].items()
+    }
     assert all(len(recs) > 0 for recs in shards.values())
     labels = manifest["labels"]
     in_shards = Counter(labels[r["label"]] for recs in shards.values() for r in recs)
@@ -132,7 +169,11 @@ def test_no_patient_is_in_two_splits(prepared):
     data_dir, manifest, _ = prepared
     shards = shard_records(data_dir, manifest)
     patients = {split: {r["patient_id"] for r in recs} for split, recs in shards.items()}
-    assert not (patients["train"] & patients["val"]) and not (patients["train"] & patients["test"]) and not (patients["val"] & patients["test"])
+    assert (
+        not (patients["train"] & patients["val"])
+        and not (patients["train"] & patients["test"])
+        and not (patients["val"] & patients["test"])
+    )
     assert manifest["patient_disjoint"] is True
     with open(data_dir / "splits.csv", newline="") as handle:
         table = list(csv.DictReader(handle))
@@ -189,7 +230,9 @@ def test_rerun_is_idempotent_and_a_killed_run_resumes_to_identical_shards(collec
         write_image(changed, seed=424242)
         updated = prepare(config(data_dir, sources))
         assert sum(decodes.values()) == first_decodes + 1  # only the changed file
-        changed_shards = [a["file"] for a, b in zip(updated["shards"], reference["shards"]) if a["sha256"] != b["sha256"]]
+        changed_shards = [
+            a["file"] for a, b in zip(updated["shards"], reference["shards"]) if a["sha256"] != b["sha256"]
+        ]
         assert len(changed_shards) == 1
     finally:
         changed.write_bytes(original)
@@ -207,7 +250,16 @@ def test_chest4_keeps_only_known_causes_and_oct_is_its_own_task(collections, tmp
     assert totals["bacterial"] == 1 and totals["viral"] == 2 and totals["covid-19"] > 0
 
     _, oct_ = build_mendeley_v3(tmp_path / "v3")
-    manifest = prepare(config(tmp_path / "oct", {"kermany": {"from_path": str(oct_.root), "part": "oct"}}, task="oct", workers=2, val_fraction=0.25, test_fraction=0.25))
+    manifest = prepare(
+        config(
+            tmp_path / "oct",
+            {"kermany": {"from_path": str(oct_.root), "part": "oct"}},
+            task="oct",
+            workers=2,
+            val_fraction=0.25,
+            test_fraction=0.25,
+        )
+    )
     assert manifest["labels"] == ["cnv", "dme", "drusen", "normal"]
     assert sum(i["records"] for i in manifest["splits"].values()) == len(oct_.labels)
 
@@ -220,7 +272,16 @@ def test_a_task_without_matching_images_says_what_was_dropped(collections, tmp_p
 def test_bad_archive_and_wrong_checksum_stop_with_an_actionable_error(tmp_path):
     broken = tmp_path / "COVID-19-master.zip"
     broken.write_bytes(b"PK\x03\x04" + bytes(200))
-    result = run_cli("prepare", "--source", "covid19-talo", "--from", str(broken), "--data-dir", str(tmp_path / "d"), env={"COLUMNS": "400"})
+    result = run_cli(
+        "prepare",
+        "--source",
+        "covid19-talo",
+        "--from",
+        str(broken),
+        "--data-dir",
+        str(tmp_path / "d"),
+        env={"COLUMNS": "400"},
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"{broken} is not a readable zip or tar archive" in result.stderr and "download again" in result.stderr
     build_talo(tmp_path / "talo")
@@ -231,7 +292,17 @@ def test_bad_archive_and_wrong_checksum_stop_with_an_actionable_error(tmp_path):
 
 def test_cli_prepares_the_real_talo_sample(shared_data, tmp_path):
     data_dir = tmp_path / "talo"
-    result = run_cli("prepare", "--source", "covid19-talo", "--from", str(shared_data / "covid19-talo-sample"), "--data-dir", str(data_dir), "--image-size", "64")
+    result = run_cli(
+        "prepare",
+        "--source",
+        "covid19-talo",
+        "--from",
+        str(shared_data / "covid19-talo-sample"),
+        "--data-dir",
+        str(data_dir),
+        "--image-size",
+        "64",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = json.loads((data_dir / "manifest.json").read_text())
     assert sum(i["records"] for i in manifest["splits"].values()) == 24

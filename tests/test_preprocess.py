@@ -84,7 +84,14 @@ def test_bundled_mr_window_follows_the_dicom_linear_formula():
 
 @pytest.mark.parametrize(
     "variant",
-    ["MR_small_bigendian.dcm", "MR_small_implicit.dcm", "MR_small_RLE.dcm", "MR_small_jp2klossless.dcm", "MR_small_padded.dcm", "MR_small_jpeg_ls_lossless.dcm"],
+    [
+        "MR_small_bigendian.dcm",
+        "MR_small_implicit.dcm",
+        "MR_small_RLE.dcm",
+        "MR_small_jp2klossless.dcm",
+        "MR_small_padded.dcm",
+        "MR_small_jpeg_ls_lossless.dcm",
+    ],
 )
 def test_every_transfer_syntax_decodes_to_the_same_pixels(variant):
     reference = dicom_gray(pydicom.dcmread(pydicom_file("MR_small.dcm")))
@@ -120,8 +127,14 @@ def test_monochrome1_16bit_applies_rescale_then_window_then_inverts(tmp_path):
     stored = np.arange(64 * 64, dtype=np.uint16).reshape(64, 64)  # 0..4095: 12 bits stored
     slope, intercept, center, width = 2.0, -1000.0, 1000.0, 2001.0
     path = write_dicom(
-        tmp_path / "mono1.dcm", stored, photometric="MONOCHROME1", BitsStored=12,
-        RescaleSlope=slope, RescaleIntercept=intercept, WindowCenter=center, WindowWidth=width,
+        tmp_path / "mono1.dcm",
+        stored,
+        photometric="MONOCHROME1",
+        BitsStored=12,
+        RescaleSlope=slope,
+        RescaleIntercept=intercept,
+        WindowCenter=center,
+        WindowWidth=width,
     )
     expected = 255 - linear_window(stored * slope + intercept, center, width)
     gray = load_gray(path)
@@ -131,7 +144,9 @@ def test_monochrome1_16bit_applies_rescale_then_window_then_inverts(tmp_path):
     assert np.all(np.diff(gray.ravel().astype(int)) <= 0)
 
 
-@pytest.mark.parametrize("photometric, shape", [("MONOCHROME1", "INVERSE"), ("MONOCHROME1", "IDENTITY"), ("MONOCHROME2", "INVERSE")])
+@pytest.mark.parametrize(
+    "photometric, shape", [("MONOCHROME1", "INVERSE"), ("MONOCHROME1", "IDENTITY"), ("MONOCHROME2", "INVERSE")]
+)
 def test_photometric_interpretation_alone_sets_the_polarity(tmp_path, photometric, shape):
     """MONOCHROME1 + INVERSE is one inversion, not two; INVERSE on MONOCHROME2 is not trusted."""
     stored = np.arange(32 * 32, dtype=np.uint16).reshape(32, 32)
@@ -215,7 +230,9 @@ def test_bare_data_set_without_preamble_or_file_meta_is_read(tmp_path, implicit_
     del ds.file_meta
     ds.preamble = None
     ds.PixelData = stored.astype("<u2" if little_endian else ">u2").tobytes()  # dcmwrite does not byte-swap pixels
-    pydicom.dcmwrite(tmp_path / "IM0001", ds, implicit_vr=implicit_vr, little_endian=little_endian, enforce_file_format=False)
+    pydicom.dcmwrite(
+        tmp_path / "IM0001", ds, implicit_vr=implicit_vr, little_endian=little_endian, enforce_file_format=False
+    )
     assert (tmp_path / "IM0001").read_bytes()[:2] in (b"\x08\x00", b"\x00\x08")  # really starts with the data set
     assert np.array_equal(load_gray(tmp_path / "IM0001"), 255 - min_max(stored))
 
@@ -299,8 +316,10 @@ def test_bare_cr_file_equals_its_raw_pixels_windowed_by_hand(shared_data):
     """CR-MONO1-10-chest: 440x440 16-bit little-endian stored values are the file's last bytes (PixelData
     is its last element); window 550/1024 from its header; MONOCHROME1, so inverted."""
     raw = (shared_data / "dicom" / "CR-MONO1-10-chest").read_bytes()
-    stored = np.frombuffer(raw[-440 * 440 * 2:], "<u2").reshape(440, 440)
-    assert np.array_equal(load_gray(shared_data / "dicom" / "CR-MONO1-10-chest"), 255 - linear_window(stored, 550, 1024))
+    stored = np.frombuffer(raw[-440 * 440 * 2 :], "<u2").reshape(440, 440)
+    assert np.array_equal(
+        load_gray(shared_data / "dicom" / "CR-MONO1-10-chest"), 255 - linear_window(stored, 550, 1024)
+    )
 
 
 def pydicom_data_file(name: str) -> str:

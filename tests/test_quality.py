@@ -23,7 +23,9 @@ def kaggle_subset(shared: Path, target: Path) -> Path:
         for cls in ("NORMAL", "PNEUMONIA"):
             folder = root / split / cls
             folder.mkdir(parents=True)
-            for image in sorted((shared / "chest-xray-pneumonia-224" / "chest_xray" / split / cls).glob("*.jpeg"))[:count]:
+            for image in sorted((shared / "chest-xray-pneumonia-224" / "chest_xray" / split / cls).glob("*.jpeg"))[
+                :count
+            ]:
                 os.symlink(image, folder / image.name)
     return target
 
@@ -36,10 +38,33 @@ def test_mobilenet_learns_real_radiographs_and_is_not_a_constant_predictor(share
     from covidxray.train.evaluate import predict_split
 
     data_dir, run_dir = tmp_path / "data", tmp_path / "run"
-    prepared = run_cli("prepare", "--source", f"chest-xray-pneumonia={kaggle_subset(shared_data, tmp_path / 'kaggle')}", "--task", "pneumonia",
-                       "--set", "data.split=source", "--image-size", "96", "--data-dir", str(data_dir))
+    prepared = run_cli(
+        "prepare",
+        "--source",
+        f"chest-xray-pneumonia={kaggle_subset(shared_data, tmp_path / 'kaggle')}",
+        "--task",
+        "pneumonia",
+        "--set",
+        "data.split=source",
+        "--image-size",
+        "96",
+        "--data-dir",
+        str(data_dir),
+    )
     assert prepared.returncode == 0, prepared.stderr[-3000:]
-    trained = run_cli("train", "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--model", "mobilenet_v3_small", "--epochs", "6", "--batch-size", "16")
+    trained = run_cli(
+        "train",
+        "--data-dir",
+        str(data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--model",
+        "mobilenet_v3_small",
+        "--epochs",
+        "6",
+        "--batch-size",
+        "16",
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     log = json.loads((run_dir / "train_log.json").read_text())
     assert "collapsed_epochs" in log and log["best"]["val_predicted_classes"] == 2
@@ -59,10 +84,33 @@ def test_two_ranks_share_batchnorm_statistics_and_the_scaled_lr_curve(synthetic_
     import subprocess
 
     run_dir, epochs = tmp_path / "run", 2
-    command = [str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", str(VENV_BIN / "covidxray"), "train",
-               "--data-dir", str(synthetic_data), "--run-dir", str(run_dir), "--model", "mobilenet_v3_small", "--epochs", str(epochs),
-               "--batch-size", "16", "--set", "train.bn_recalibration_images=64", "--set", "train.learning_rate=0.001"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    command = [
+        str(VENV_BIN / "horovodrun"),
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--gloo",
+        str(VENV_BIN / "covidxray"),
+        "train",
+        "--data-dir",
+        str(synthetic_data),
+        "--run-dir",
+        str(run_dir),
+        "--model",
+        "mobilenet_v3_small",
+        "--epochs",
+        str(epochs),
+        "--batch-size",
+        "16",
+        "--set",
+        "train.bn_recalibration_images=64",
+        "--set",
+        "train.learning_rate=0.001",
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=900, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     log = json.loads((run_dir / "train_log.json").read_text())
     assert len(log["weights_sha256_per_rank"]) == 2 and len(set(log["weights_sha256_per_rank"])) == 1
@@ -88,7 +136,9 @@ def test_recomputed_batchnorm_statistics_are_the_mean_batch_statistics():
     from covidxray.train.distributed import World
 
     inputs = tf.keras.Input((3,))
-    model = tf.keras.Model(inputs, tf.keras.layers.BatchNormalization(momentum=0.999)(tf.keras.layers.Dropout(0.5)(inputs)))
+    model = tf.keras.Model(
+        inputs, tf.keras.layers.BatchNormalization(momentum=0.999)(tf.keras.layers.Dropout(0.5)(inputs))
+    )
     rng = np.random.default_rng(0)
     batches = [rng.normal(loc, 2.0, (64, 3)).astype(np.float32) for loc in (1.0, 5.0, -3.0)]
     assert recompute_statistics(model, [(b, None) for b in batches], World()) == 3
@@ -120,7 +170,9 @@ def test_bench_bootstrap_interval_of_accuracy_matches_the_normal_approximation()
     low, high = _bench_quality().bootstrap_intervals(labels, probabilities, ["a", "b"], rounds=500)["accuracy"]
     accuracy = correct.mean()
     half_width = 1.96 * math.sqrt(accuracy * (1 - accuracy) / n)
-    assert low == pytest.approx(accuracy - half_width, abs=0.01) and high == pytest.approx(accuracy + half_width, abs=0.01)
+    assert low == pytest.approx(accuracy - half_width, abs=0.01) and high == pytest.approx(
+        accuracy + half_width, abs=0.01
+    )
 
 
 def test_a_constant_predictor_is_reported_per_epoch_and_listed(tmp_path):
@@ -132,17 +184,34 @@ def test_a_constant_predictor_is_reported_per_epoch_and_listed(tmp_path):
     from covidxray.train.trainer import EndOfEpoch
 
     inputs = tf.keras.Input((8, 8, 1))
-    outputs = tf.keras.layers.Dense(3, activation="softmax", kernel_initializer="zeros", bias_initializer=tf.keras.initializers.Constant([0.0, 2.0, 0.0]))(tf.keras.layers.Flatten()(inputs))
+    outputs = tf.keras.layers.Dense(
+        3,
+        activation="softmax",
+        kernel_initializer="zeros",
+        bias_initializer=tf.keras.initializers.Constant([0.0, 2.0, 0.0]),
+    )(tf.keras.layers.Flatten()(inputs))
     model = tf.keras.Model(inputs, outputs)
     model.compile(optimizer="adam", loss="categorical_crossentropy")
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, 40)
-    val = tf.data.Dataset.from_tensor_slices((rng.uniform(0, 255, (40, 8, 8, 1)).astype(np.float32), np.eye(3)[labels])).batch(16)
+    val = tf.data.Dataset.from_tensor_slices(
+        (rng.uniform(0, 255, (40, 8, 8, 1)).astype(np.float32), np.eye(3)[labels])
+    ).batch(16)
     world, said = World(), []
     state = StaticState(world, model, model.optimizer, TrainingState())
-    end_of_epoch = EndOfEpoch(world, state, val_ds=val, recalibration=None, patience=0, run_dir=tmp_path,
-                              header={"steps_per_epoch": 1}, images_per_epoch=16, checkpoint=tf.train.Checkpoint(model=model),
-                              card={}, say=said.append)
+    end_of_epoch = EndOfEpoch(
+        world,
+        state,
+        val_ds=val,
+        recalibration=None,
+        patience=0,
+        run_dir=tmp_path,
+        header={"steps_per_epoch": 1},
+        images_per_epoch=16,
+        checkpoint=tf.train.Checkpoint(model=model),
+        card={},
+        say=said.append,
+    )
     logs = {"loss": 1.0}
     end_of_epoch.set_model(model)
     end_of_epoch.on_epoch_begin(0)

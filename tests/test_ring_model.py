@@ -28,7 +28,11 @@ def test_fit_recovers_bandwidth_and_latency_from_noisy_ring_timings():
 
 
 def test_fit_keeps_latency_non_negative_when_bandwidth_explains_everything():
-    points = [(ranks, mib * 2**20, 2 * (ranks - 1) / ranks * mib * 2**20 / 11e6 * (1 - 0.01 * ranks)) for ranks in (2, 4, 8) for mib in (1, 4, 16, 64)]
+    points = [
+        (ranks, mib * 2**20, 2 * (ranks - 1) / ranks * mib * 2**20 / 11e6 * (1 - 0.01 * ranks))
+        for ranks in (2, 4, 8)
+        for mib in (1, 4, 16, 64)
+    ]
     fit = _ring.fit(points)  # unconstrained, these (faster at more ranks) would need a negative L
     assert fit["latency_s"] == 0.0
     assert fit["bandwidth_bytes_per_s"] == pytest.approx(11e6 / 0.955, rel=0.02)

@@ -74,14 +74,37 @@ def test_a_non_editable_install_carries_the_descriptors(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(repo / name, checkout / name)
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(checkout)],
-                   check=True, capture_output=True, cwd=tmp_path)
-    probe = ("import covidxray, json; from covidxray.sources.descriptors import load_descriptor;"
-             "from covidxray.sources.covid19_talo import known_patient;"
-             f"print(json.dumps([covidxray.__file__, known_patient('01E392EE-69F9-4E33-BFCE-E5C968654078.jpeg')]"
-             f" + [load_descriptor(n).homepage for n in {list(REAL_SOURCES)!r}]))")
-    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(target)})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(checkout),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    probe = (
+        "import covidxray, json; from covidxray.sources.descriptors import load_descriptor;"
+        "from covidxray.sources.covid19_talo import known_patient;"
+        f"print(json.dumps([covidxray.__file__, known_patient('01E392EE-69F9-4E33-BFCE-E5C968654078.jpeg')]"
+        f" + [load_descriptor(n).homepage for n in {list(REAL_SOURCES)!r}]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(target)},
+    )
     imported_from, talo_patient, *homepages = json.loads(out.stdout)
     assert Path(imported_from).is_relative_to(target)
     assert talo_patient == "covid-chestxray:46"  # the shipped ieee8023 table (metadata.csv: 01E392EE-... is patient 46)
@@ -114,7 +137,11 @@ def test_kaggle_tree_skips_the_nested_copy_and_macos_junk(tmp_path):
     assert {r.original_split for r in records} == {"train", "val", "test"}
     # bacteria and virus are two numberings; one number of one cause is one patient in train and test
     person1 = {(r.original_split, r.patient_id) for r in records if r.image.name.startswith("person1_")}
-    assert person1 == {("train", "chest-xray-pneumonia:person1_bacteria"), ("train", "chest-xray-pneumonia:person1_virus"), ("test", "chest-xray-pneumonia:person1_virus")}
+    assert person1 == {
+        ("train", "chest-xray-pneumonia:person1_bacteria"),
+        ("train", "chest-xray-pneumonia:person1_virus"),
+        ("test", "chest-xray-pneumonia:person1_virus"),
+    }
 
 
 def test_kaggle_download_through_a_faked_api(tmp_path, monkeypatch):
@@ -202,12 +229,16 @@ def test_talo_tree_groups_case_images_and_nih_follow_ups(tmp_path):
 
 
 def test_talo_real_sample(shared_data, tmp_path):
-    _, _, records, dropped = read("covid19-talo", {"from_path": str(shared_data / "covid19-talo-sample")}, tmp_path / "cache")
+    _, _, records, dropped = read(
+        "covid19-talo", {"from_path": str(shared_data / "covid19-talo-sample")}, tmp_path / "cache"
+    )
     assert Counter(r.label for r in records) == {"covid-19": 8, "normal": 8, "pneumonia": 8}
     assert not dropped
     assert {r.patient_id for r in records if r.image.name == "00001280_004.png"} == {"covid19-talo:nih:00001280"}
     # every COVID image has the patient ieee8023's own metadata.csv gives its original (the oracle, read here directly)
-    with open(shared_data / "covid-chestxray-sample" / "covid-chestxray-dataset" / "metadata.csv", newline="") as handle:
+    with open(
+        shared_data / "covid-chestxray-sample" / "covid-chestxray-dataset" / "metadata.csv", newline=""
+    ) as handle:
         ieee = {row["filename"]: f"covid-chestxray:{row['patientid']}" for row in csv.DictReader(handle)}
     covid = [r for r in records if r.label == "covid-19"]
     assert {r.image.name: r.patient_id for r in covid} == {r.image.name: ieee[r.image.name] for r in covid}
@@ -229,11 +260,17 @@ def test_download_from_a_mirror_url_with_checksum(tmp_path):
     payload = zip_tree(tmp_path / "content", tmp_path / "COVID-19-master.zip").read_bytes()
     digest = hashlib.sha256(payload).hexdigest()
     with FileServer({"/COVID-19-master.zip": payload}) as server:
-        source, root, records, dropped = read("covid19-talo", {"url": server.url("/COVID-19-master.zip"), "sha256": digest}, tmp_path / "cache")
+        source, root, records, dropped = read(
+            "covid19-talo", {"url": server.url("/COVID-19-master.zip"), "sha256": digest}, tmp_path / "cache"
+        )
         assert_matches(layout, records, dropped)
         assert source.provenance["sha256"] == digest and source.provenance["url"].startswith("http://127.0.0.1")
         with pytest.raises(UserError, match=f"expected sha256 {'a' * 64}, got {digest}"):
-            read("covid19-talo", {"url": server.url("/COVID-19-master.zip"), "sha256": "a" * 64}, tmp_path / "other-cache")
+            read(
+                "covid19-talo",
+                {"url": server.url("/COVID-19-master.zip"), "sha256": "a" * 64},
+                tmp_path / "other-cache",
+            )
         assert not (tmp_path / "other-cache" / "downloads" / "COVID-19-master.zip").exists()
 
 
@@ -282,8 +319,15 @@ UNKNOWN_VIEW = "view unknown (blank, '?' or no view column); source option unkno
 #   57 laterals (L, all X-ray); 39 unknown views (35 blank + 4 '?', all todo); 51 not labelled yet
 #   (frontal X-ray todo: AP Supine 22 + PA 15 + AP 13, and 1 Unknown); 4 ARDS (all PA).
 # 523 kept + 235 dropped = 758 rows.
-AUG_2020_CLASSES = {"covid-19": 429, "pneumonia/viral": 21, "pneumonia/bacterial": 34, "pneumonia/fungal": 13,
-                    "pneumonia/other": 3, "pneumonia": 10, "normal": 13}
+AUG_2020_CLASSES = {
+    "covid-19": 429,
+    "pneumonia/viral": 21,
+    "pneumonia/bacterial": 34,
+    "pneumonia/fungal": 13,
+    "pneumonia/other": 3,
+    "pneumonia": 10,
+    "normal": 13,
+}
 AUG_2020_DROPPED = {
     "CT volume (volumes/), not a radiograph": 21,
     "modality CT is not X-ray": 63,
@@ -328,7 +372,10 @@ def test_aug_2020_sample_keeps_exactly_the_listed_images_it_holds(shared_data, t
 def test_label_overrides_map_unknown_findings_and_override_exclusions(shared_data, tmp_path):
     root = aug_2020_with_every_image(shared_data, tmp_path / "repo")
     source = build_source("covid-chestxray", {"from_path": str(root)})
-    source.label_overrides = {"ards": "pneumonia/other", "Lipoid": "pneumonia"}  # matched like findings: case-insensitive
+    source.label_overrides = {
+        "ards": "pneumonia/other",
+        "Lipoid": "pneumonia",
+    }  # matched like findings: case-insensitive
     records = [item for item in source.records(source.fetch(tmp_path / "cache")) if not isinstance(item, Dropped)]
     labels = Counter(r.label for r in records)
     assert labels["pneumonia/other"] == 4 and labels["pneumonia"] == 10 + 3  # ARDS now kept; Lipoid moved
@@ -338,8 +385,12 @@ def test_label_overrides_map_unknown_findings_and_override_exclusions(shared_dat
 def test_label_overrides_are_validated_with_the_key_named():
     from covidxray.config import load_config
 
-    assert load_config(None, [{"data": {"label_overrides": {"ARDS": "pneumonia/other"}}}]).data.label_overrides == {"ARDS": "pneumonia/other"}
-    with pytest.raises(ConfigError, match=r"data\.label_overrides\.ARDS: 'pneumonia/ards' is not one of normal, pneumonia"):
+    assert load_config(None, [{"data": {"label_overrides": {"ARDS": "pneumonia/other"}}}]).data.label_overrides == {
+        "ARDS": "pneumonia/other"
+    }
+    with pytest.raises(
+        ConfigError, match=r"data\.label_overrides\.ARDS: 'pneumonia/ards' is not one of normal, pneumonia"
+    ):
         load_config(None, [{"data": {"label_overrides": {"ARDS": "pneumonia/ards"}}}])
 
 
@@ -351,14 +402,21 @@ def test_metadata_without_a_view_column_is_read_and_unknown_views_follow_the_opt
     root = tmp_path / "covid-chestxray-dataset"
     (root / "images").mkdir(parents=True)
     rows = [("1", "COVID-19", "a.jpeg"), ("2", "SARS", "b.jpeg"), ("3", "ARDS", "c.png")]
-    (root / "metadata.csv").write_text(EARLIEST_HEADER + "\n" + "".join(f"{p},,,,{f},,2020,,{n},,,,\n" for p, f, n in rows))
+    (root / "metadata.csv").write_text(
+        EARLIEST_HEADER + "\n" + "".join(f"{p},,,,{f},,2020,,{n},,,,\n" for p, f, n in rows)
+    )
     for _, _, name in rows:
         (root / "images" / name).touch()
-    _, _, records, dropped = read("covid-chestxray", {"from_path": str(root), "unknown_view": unknown_view}, tmp_path / "cache")
+    _, _, records, dropped = read(
+        "covid-chestxray", {"from_path": str(root), "unknown_view": unknown_view}, tmp_path / "cache"
+    )
     if unknown_view == "drop":
         assert not records and dropped == {UNKNOWN_VIEW: 3}
     else:
-        assert {r.image.name: (r.label, r.view) for r in records} == {"a.jpeg": ("covid-19", "unknown"), "b.jpeg": ("pneumonia/viral", "unknown")}
+        assert {r.image.name: (r.label, r.view) for r in records} == {
+            "a.jpeg": ("covid-19", "unknown"),
+            "b.jpeg": ("pneumonia/viral", "unknown"),
+        }
         assert dropped == {EXCLUDED_ARDS: 1}
     with pytest.raises(ConfigError, match="unknown_view: 'maybe' is not one of drop, keep"):
         build_source("covid-chestxray", {"unknown_view": "maybe"})
@@ -410,15 +468,41 @@ def connection_error_inside_a_client_error():
 @pytest.mark.parametrize(
     "when, raised, says",
     [
-        ("authenticate", lambda: SystemExit(1), r"^Kaggle did not accept the credentials while authenticating \(no usable.*kaggle\.json.*--from"),
-        ("authenticate", lambda: http_error(401), r"^Kaggle did not accept the credentials while authenticating \(HTTP 401\)"),
-        ("authenticate", connection_error_inside_a_client_error, r"^could not reach Kaggle while authenticating \(Failed to resolve"),
-        ("download", connection_error_inside_a_client_error, r"^download of chest-xray-pneumonia.zip failed: could not reach Kaggle while downloading"),
-        ("download", lambda: http_error(503), r"^download of chest-xray-pneumonia.zip failed: Kaggle itself failed .*HTTP 503.*re-run later"),
-        ("download", lambda: http_error(404), r"Kaggle has no dataset paultimothymooney/chest-xray-pneumonia \(HTTP 404\)"),
+        (
+            "authenticate",
+            lambda: SystemExit(1),
+            r"^Kaggle did not accept the credentials while authenticating \(no usable.*kaggle\.json.*--from",
+        ),
+        (
+            "authenticate",
+            lambda: http_error(401),
+            r"^Kaggle did not accept the credentials while authenticating \(HTTP 401\)",
+        ),
+        (
+            "authenticate",
+            connection_error_inside_a_client_error,
+            r"^could not reach Kaggle while authenticating \(Failed to resolve",
+        ),
+        (
+            "download",
+            connection_error_inside_a_client_error,
+            r"^download of chest-xray-pneumonia.zip failed: could not reach Kaggle while downloading",
+        ),
+        (
+            "download",
+            lambda: http_error(503),
+            r"^download of chest-xray-pneumonia.zip failed: Kaggle itself failed .*HTTP 503.*re-run later",
+        ),
+        (
+            "download",
+            lambda: http_error(404),
+            r"Kaggle has no dataset paultimothymooney/chest-xray-pneumonia \(HTTP 404\)",
+        ),
     ],
 )
-def test_kaggle_failures_say_whether_network_credentials_or_kaggle_is_at_fault(tmp_path, monkeypatch, when, raised, says):
+def test_kaggle_failures_say_whether_network_credentials_or_kaggle_is_at_fault(
+    tmp_path, monkeypatch, when, raised, says
+):
     class FailingKaggleApi:
         def authenticate(self):
             if when == "authenticate":

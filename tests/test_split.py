@@ -28,7 +28,11 @@ def random_records(rng: np.random.Generator) -> list[Record]:
         for i in range(int(rng.integers(1, 5))):
             source = SOURCES[int(rng.integers(len(SOURCES)))] if rng.random() < 0.15 else home
             split = rng.choice(["train", "test"]) if rng.random() < 0.1 else official
-            records.append(Record(Path(f"/x/{p}-{i}.png"), str(rng.choice(LABELS)), f"patient-{p}", source, original_split=str(split)))
+            records.append(
+                Record(
+                    Path(f"/x/{p}-{i}.png"), str(rng.choice(LABELS)), f"patient-{p}", source, original_split=str(split)
+                )
+            )
     return records
 
 
@@ -54,25 +58,47 @@ def test_every_mode_keeps_each_patient_in_one_split_and_every_record_once(seed):
             assert {r.patient_id for r in splits["test"]} == held_patients
             sharing = {p for p in held_patients if any(r.source != holdout for r in records if r.patient_id == p)}
             assert report["patients_moved_to_test"] == len(sharing)
-            assert report["records_moved_to_test"] == sum(r.source != holdout for r in records if r.patient_id in sharing)
-        if mode == "source":  # official test images stay in test; official train/val images never reach test unless their patient has a test image
+            assert report["records_moved_to_test"] == sum(
+                r.source != holdout for r in records if r.patient_id in sharing
+            )
+        if (
+            mode == "source"
+        ):  # official test images stay in test; official train/val images never reach test unless their patient has a test image
             test_patients = {r.patient_id for r in records if r.original_split == "test"}
             assert all(r.patient_id in test_patients or not r.original_split for r in splits["test"])
             assert {r.record_id for r in records if r.original_split == "test"} <= {r.record_id for r in splits["test"]}
-            both = {p for p in test_patients if any(r.original_split in ("train", "val") for r in records if r.patient_id == p)}
+            both = {
+                p
+                for p in test_patients
+                if any(r.original_split in ("train", "val") for r in records if r.patient_id == p)
+            }
             assert report["patients_moved_to_test"] == len(both)
 
 
 def test_cli_hold_out_source_on_the_real_samples(shared_data, tmp_path):
     """talo's Covid-19 images are copies of covid-chestxray originals: dedup merges those patients across the two sources."""
     data_dir = tmp_path / "data"
-    result = run_cli("prepare", "--source", f"covid-chestxray={shared_data / 'covid-chestxray-sample'}", "--source", f"covid19-talo={shared_data / 'covid19-talo-sample'}",
-                     "--hold-out-source", "covid19-talo", "--image-size", "64", "--data-dir", str(data_dir))
+    result = run_cli(
+        "prepare",
+        "--source",
+        f"covid-chestxray={shared_data / 'covid-chestxray-sample'}",
+        "--source",
+        f"covid19-talo={shared_data / 'covid19-talo-sample'}",
+        "--hold-out-source",
+        "covid19-talo",
+        "--image-size",
+        "64",
+        "--data-dir",
+        str(data_dir),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((data_dir / "manifest.json").read_text())
     assert manifest["split"]["mode"] == "holdout" and manifest["split"]["holdout_source"] == "covid19-talo"
     assert set(manifest["splits"]["test"]["sources"]) >= {"covid19-talo"}
-    assert "covid19-talo" not in manifest["splits"]["train"]["sources"] and "covid19-talo" not in manifest["splits"]["val"]["sources"]
+    assert (
+        "covid19-talo" not in manifest["splits"]["train"]["sources"]
+        and "covid19-talo" not in manifest["splits"]["val"]["sources"]
+    )
     import csv
 
     with open(data_dir / "splits.csv", newline="") as handle:
@@ -84,5 +110,13 @@ def test_cli_hold_out_source_on_the_real_samples(shared_data, tmp_path):
     talo_patients = {row["patient_id"] for row in rows if row["source"] == "covid19-talo"}
     assert all(split_of[p] == {"test"} for p in talo_patients)
 
-    wrong = run_cli("prepare", "--source", f"covid19-talo={shared_data / 'covid19-talo-sample'}", "--hold-out-source", "kermany", "--data-dir", str(tmp_path / "d2"))
+    wrong = run_cli(
+        "prepare",
+        "--source",
+        f"covid19-talo={shared_data / 'covid19-talo-sample'}",
+        "--hold-out-source",
+        "kermany",
+        "--data-dir",
+        str(tmp_path / "d2"),
+    )
     assert wrong.returncode == 2 and "holdout_source" in wrong.stderr and "Traceback" not in wrong.stderr

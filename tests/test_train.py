@@ -113,9 +113,19 @@ def test_each_epoch_end_checkpoints_the_best_and_early_stopping_state_it_decided
     model, checkpoint = _two_feature_model()
     world, said = World(), []
     state = StaticState(world, model, model.optimizer, TrainingState())
-    end_of_epoch = EndOfEpoch(world, state, val_ds=_two_feature_validation_set(), recalibration=None, patience=2,
-                              run_dir=tmp_path, header={"steps_per_epoch": 1}, images_per_epoch=16,
-                              checkpoint=checkpoint, card={"model": "two-feature"}, say=said.append)
+    end_of_epoch = EndOfEpoch(
+        world,
+        state,
+        val_ds=_two_feature_validation_set(),
+        recalibration=None,
+        patience=2,
+        run_dir=tmp_path,
+        header={"steps_per_epoch": 1},
+        images_per_epoch=16,
+        checkpoint=checkpoint,
+        card={"model": "two-feature"},
+        say=said.append,
+    )
     end_of_epoch.set_model(model)
     reads_noise, reads_label, reads_negated_label = [[0, 0], [0, 1]], [[0, 1], [0, 0]], [[1, 0], [0, 0]]
     kernels = [reads_noise, reads_label, reads_negated_label, reads_negated_label]
@@ -128,7 +138,11 @@ def test_each_epoch_end_checkpoints_the_best_and_early_stopping_state_it_decided
         end_of_epoch.on_epoch_end(epoch, {"loss": 1.0})
 
         latest = json.loads((tmp_path / "checkpoints" / "latest.json").read_text())
-        assert (latest["epoch"], latest["best"]["epoch"], latest["epochs_since_best"]) == (epoch + 1, best_epoch, since_best)
+        assert (latest["epoch"], latest["best"]["epoch"], latest["epochs_since_best"]) == (
+            epoch + 1,
+            best_epoch,
+            since_best,
+        )
         assert model.stop_training == stop
         logged = json.loads((tmp_path / "train_log.json").read_text())["epochs"]
         assert [e["epoch"] for e in logged] == list(range(1, epoch + 2))  # logged before the checkpoint
@@ -173,7 +187,17 @@ def _latest_epoch(run_dir: Path) -> int:
 @pytest.mark.slow
 def test_kill_9_mid_epoch_then_resume_ends_with_the_same_epochs(synthetic_data, tmp_path):
     run_dir, epochs = tmp_path / "run", 4
-    args = ["train", "--data-dir", str(synthetic_data), "--run-dir", str(run_dir), "--epochs", str(epochs), "--batch-size", "8"]
+    args = [
+        "train",
+        "--data-dir",
+        str(synthetic_data),
+        "--run-dir",
+        str(run_dir),
+        "--epochs",
+        str(epochs),
+        "--batch-size",
+        "8",
+    ]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     process = subprocess.Popen(covidxray_cmd(*args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -199,13 +223,18 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_same_epochs(synthetic_data, 
     assert log["optimizer_steps"] == epochs * log["steps_per_epoch"]
     # the LR curve continued where it stopped: one warmup epoch, then cosine to 0 (written out independently)
     peak, warmup = 1e-3, 1
-    expected = [peak if e <= warmup else peak * 0.5 * (1 + math.cos(math.pi * (e - warmup) / (epochs - warmup))) for e in range(1, epochs + 1)]
+    expected = [
+        peak if e <= warmup else peak * 0.5 * (1 + math.cos(math.pi * (e - warmup) / (epochs - warmup)))
+        for e in range(1, epochs + 1)
+    ]
     assert [e["lr"] for e in log["epochs"]] == pytest.approx(expected, abs=1e-9)
     latest = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
     assert latest["epoch"] == epochs and (run_dir / "checkpoints" / latest["path"] / "ckpt.index").is_file()
     leftovers = [p for p in run_dir.rglob("*") if "partial" in p.name]
     assert not leftovers, leftovers
-    assert (run_dir / "model.keras").is_file() and json.loads((run_dir / "model.json").read_text())["best"]["epoch"] <= epochs
+    assert (run_dir / "model.keras").is_file() and json.loads((run_dir / "model.json").read_text())["best"][
+        "epoch"
+    ] <= epochs
 
 
 def test_shipped_configs_load_and_default_yaml_is_the_defaults():
@@ -226,7 +255,9 @@ def test_application_backbone_loads_a_local_weights_file_and_refuses_a_wrong_one
     from covidxray.errors import UserError
     from covidxray.train.models import build_model
 
-    backbone = tf.keras.applications.MobileNetV3Small(include_top=False, weights=None, input_shape=(64, 64, 3), pooling="avg")
+    backbone = tf.keras.applications.MobileNetV3Small(
+        include_top=False, weights=None, input_shape=(64, 64, 3), pooling="avg"
+    )
     weights = tmp_path / "mobilenet_v3_small_no_top.h5"
     backbone.save_weights(str(weights))
     model = build_model("mobilenet_v3_small", 64, 3, str(weights))

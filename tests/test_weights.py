@@ -26,7 +26,9 @@ def backbone_file(tmp_path_factory) -> bytes:
     """A real MobileNetV3Small no-top .h5 (random weights, saved as Keras saves its ImageNet files)."""
     path = tmp_path_factory.mktemp("backbone") / "backbone.h5"
     tf.keras.utils.set_random_seed(1)
-    tf.keras.applications.MobileNetV3Small(include_top=False, weights=None, input_shape=(SIZE, SIZE, 3), pooling="avg").save_weights(str(path))
+    tf.keras.applications.MobileNetV3Small(
+        include_top=False, weights=None, input_shape=(SIZE, SIZE, 3), pooling="avg"
+    ).save_weights(str(path))
     return path.read_bytes()
 
 
@@ -45,7 +47,10 @@ def test_weights_are_keras_own_file_url_and_hash():
     from keras.src.applications import efficientnet, mobilenet_v3
 
     spec = weights.keras_weights("mobilenet_v3_small")
-    assert spec.url == "https://storage.googleapis.com/tensorflow/keras-applications/mobilenet_v3/weights_mobilenet_v3_small_224_1.0_float_no_top_v2.h5"
+    assert (
+        spec.url
+        == "https://storage.googleapis.com/tensorflow/keras-applications/mobilenet_v3/weights_mobilenet_v3_small_224_1.0_float_no_top_v2.h5"
+    )
     assert spec.md5 == mobilenet_v3.WEIGHTS_HASHES["small_224_1.0_float"][1]
     spec = weights.keras_weights("efficientnet_b0")
     assert spec.url == "https://storage.googleapis.com/keras-applications/efficientnetb0_notop.h5"
@@ -91,13 +96,17 @@ def test_download_with_the_server_down_says_what_to_do(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_imagenet_goes_through_the_keras_cache_and_loads_into_the_backbone(served, backbone_file, monkeypatch, tmp_path):
+def test_imagenet_goes_through_the_keras_cache_and_loads_into_the_backbone(
+    served, backbone_file, monkeypatch, tmp_path
+):
     server, name = served
     monkeypatch.setenv("HOME", str(tmp_path))
     model = build_model("mobilenet_v3_small", SIZE, 2, weights.IMAGENET)
     cached = tmp_path / ".keras" / "models" / name
     assert cached.read_bytes() == backbone_file
-    reference = tf.keras.applications.MobileNetV3Small(include_top=False, weights=str(cached), input_shape=(SIZE, SIZE, 3), pooling="avg")
+    reference = tf.keras.applications.MobileNetV3Small(
+        include_top=False, weights=str(cached), input_shape=(SIZE, SIZE, 3), pooling="avg"
+    )
     backbone = next(layer for layer in model.layers if isinstance(layer, tf.keras.Model))
     for got, expected in zip(backbone.get_weights(), reference.get_weights()):
         np.testing.assert_array_equal(got, expected)
@@ -137,6 +146,13 @@ def test_cli_weights_download_refuses_bytes_keras_does_not_know(tmp_path):
 
     name = weights.keras_weights("efficientnet_b0").file_name
     with FileServer({"/" + name: b"not the weights" * 1000}) as server:
-        result = run_cli("weights", "download", "efficientnet_b0", "--out", str(tmp_path), env={weights.MIRROR_VARIABLE: server.url("")})
+        result = run_cli(
+            "weights",
+            "download",
+            "efficientnet_b0",
+            "--out",
+            str(tmp_path),
+            env={weights.MIRROR_VARIABLE: server.url("")},
+        )
     assert result.returncode == 2 and "is not the" in result.stderr and "Traceback" not in result.stderr
     assert list(tmp_path.iterdir()) == []

@@ -53,7 +53,9 @@ def find_leaks(split_of: dict[tuple[str, str], str], records: Iterable[Record], 
     for patient, images in sorted(where.items()):
         splits = sorted(images)
         for other in splits[1:]:
-            leaks.append(Leak("patient", (splits[0], other), patient, "", f"e.g. {images[splits[0]]} and {images[other]}"))
+            leaks.append(
+                Leak("patient", (splits[0], other), patient, "", f"e.g. {images[splits[0]]} and {images[other]}")
+            )
     for first, second, kind, evidence in matches:
         a, b = split_of.get((first.source, str(first.image))), split_of.get((second.source, str(second.image)))
         if a is not None and b is not None and a != b:
@@ -72,7 +74,9 @@ def _tree_records(root: Path) -> list[Record]:
     records = []
     splits = subdirs(root)
     if len(splits) < 2:
-        raise UserError(f"{root}: neither a prepared data set (no splits.csv) nor a tree with one split per top-level folder (found {len(splits)} folder(s))")
+        raise UserError(
+            f"{root}: neither a prepared data set (no splits.csv) nor a tree with one split per top-level folder (found {len(splits)} folder(s))"
+        )
     for split_dir in splits:
         for folder, names, _ in os.walk(split_dir):
             names[:] = sorted(n for n in names if not is_junk(Path(n)))
@@ -87,13 +91,17 @@ def _prepared_records(data_dir: Path) -> tuple[list[Record], dict[tuple[str, str
     records, split_of = [], {}
     with open(data_dir / "splits.csv", newline="") as handle:
         for row in csv.DictReader(handle):
-            record = Record(image=Path(row["image"]), label=row["label"], patient_id=row["patient_id"], source=row["source"])
+            record = Record(
+                image=Path(row["image"]), label=row["label"], patient_id=row["patient_id"], source=row["source"]
+            )
             records.append(record)
             split_of[(record.source, row["image"])] = row["split"]
     return records, split_of
 
 
-def audit(data_dir: Path, config: DataConfig, progress: Callable[..., None] | None = None, log: Callable[[str], None] = print) -> list[Leak]:
+def audit(
+    data_dir: Path, config: DataConfig, progress: Callable[..., None] | None = None, log: Callable[[str], None] = print
+) -> list[Leak]:
     """Every leak in a prepared data set or a split-per-folder tree; decodes through the data set's cache when it has one."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
@@ -111,10 +119,14 @@ def audit(data_dir: Path, config: DataConfig, progress: Callable[..., None] | No
         with ImageCache(cache_file, log) as cache:
             paths = [str(r.image) for r in records]
             progress(0, len(set(paths)))
-            decoded, _ = cache.decode_all(paths, config.image_size, config.workers or os.cpu_count() or 1, progress, config.max_pixels, log)
+            decoded, _ = cache.decode_all(
+                paths, config.image_size, config.workers or os.cpu_count() or 1, progress, config.max_pixels, log
+            )
     usable = [r for r in records if decoded[str(r.image)].ok]
     if len(usable) < len(records):
-        log(f"{len(records) - len(usable)} image(s) could not be read and were not compared, e.g. {next(f'{r.image}: {decoded[str(r.image)].detail}' for r in records if not decoded[str(r.image)].ok)}")
+        log(
+            f"{len(records) - len(usable)} image(s) could not be read and were not compared, e.g. {next(f'{r.image}: {decoded[str(r.image)].detail}' for r in records if not decoded[str(r.image)].ok)}"
+        )
     hashes = {str(r.image): (decoded[str(r.image)].pixel_sha256, decoded[str(r.image)].phash) for r in usable}
     features = {str(r.image): decoded[str(r.image)].features for r in usable}
     edges = dedup.matches(usable, hashes, features, config.dedup_max_distance, config.dedup_min_inliers)

@@ -52,20 +52,26 @@ def shortcut_warnings(totals: dict[str, dict[str, int]], classes: list[str], sha
             warnings.append(
                 f"class {cls!r}: {per_source[top] / total:.0%} of its {total} images come from {top}{_trait(top)}; "
                 f"a model can learn that source's look (age, hospital, figure style) instead of {cls} and still score "
-                f"well on a split of this merge: check `covidxray evaluate`'s per-source metrics, or hold a source out")
+                f"well on a split of this merge: check `covidxray evaluate`'s per-source metrics, or hold a source out"
+            )
     for source, counts in totals.items():
         present = [c for c in classes if counts[c]]
         if len(present) == 1 and len(classes) > 1:
             warnings.append(
                 f"source {source!r} holds only {present[0]} images{_trait(source)}: whatever marks this source "
-                f"(age, hospital, figure style) is a perfect cue for {present[0]} in every split")
+                f"(age, hospital, figure style) is a perfect cue for {present[0]} in every split"
+            )
     return warnings
 
 
 def composition(splits: dict[str, dict], classes: list[str], share: float) -> dict:
     """The manifest's `composition`: totals over all splits and the warnings they raise."""
     totals = source_class_totals(splits, classes)
-    return {"source_classes": totals, "shortcut_warning_share": share, "warnings": shortcut_warnings(totals, classes, share)}
+    return {
+        "source_classes": totals,
+        "shortcut_warning_share": share,
+        "warnings": shortcut_warnings(totals, classes, share),
+    }
 
 
 def table_lines(manifest: dict) -> list[str]:
@@ -78,5 +84,7 @@ def table_lines(manifest: dict) -> list[str]:
     lines = ["images per source and class:", header]
     for split, info in manifest["splits"].items():
         for source, counts in info["source_classes"].items():
-            lines.append(f"{split:5s} {source:{width}s} " + " ".join(f"{counts[c]:{w}d}" for c, w in zip(classes, columns)))
+            lines.append(
+                f"{split:5s} {source:{width}s} " + " ".join(f"{counts[c]:{w}d}" for c, w in zip(classes, columns))
+            )
     return lines

@@ -259,7 +259,9 @@ def deduplicate(
         for i in sorted(copies):
             partner, *match = how[i]
             kept_in_its_place = root if partner in removed else partner  # the image it matched, unless that went too
-            duplicates.append(Duplicate(order[i], order[kept_in_its_place], *match, label_conflict=conflict, kept_too=not drop_all))
+            duplicates.append(
+                Duplicate(order[i], order[kept_in_its_place], *match, label_conflict=conflict, kept_too=not drop_all)
+            )
         if drop_all:
             twin = min(i for i in copies if order[i].label != order[root].label)
             duplicates.append(Duplicate(order[root], order[twin], *how[twin][1:], label_conflict=True, kept_too=False))
@@ -271,6 +273,10 @@ def deduplicate(
         if dup.removed.patient_id != dup.kept.patient_id:
             patients.merge(dup.removed.patient_id, dup.kept.patient_id)
     merged = {p: patients.root(p) for p in patients.parent}
-    kept = [dataclasses.replace(r, patient_id=merged.get(r.patient_id, r.patient_id)) for i, r in enumerate(order) if i not in removed]
+    kept = [
+        dataclasses.replace(r, patient_id=merged.get(r.patient_id, r.patient_id))
+        for i, r in enumerate(order)
+        if i not in removed
+    ]
     found = [(order[i], order[j], kind, evidence) for i, j, kind, _, evidence in edges]
     return DedupResult(kept=kept, duplicates=duplicates, merged_patients=merged, matches=found)

@@ -59,7 +59,9 @@ class Decoded:
 
     pixel_sha256: bytes = b""
     phash: bytes = b""
-    features: bytes = b""  # near_duplicates.features(): what the geometric duplicate check needs, without decoding again
+    features: bytes = (
+        b""  # near_duplicates.features(): what the geometric duplicate check needs, without decoding again
+    )
     reason: str = ""
     detail: str = ""
 
@@ -69,7 +71,10 @@ class Decoded:
 
 
 def cache_path(data_dir: Path, image_size: int) -> Path:
-    definition = json.dumps([preprocess.PREPROCESSING_VERSION, dedup.HASH_VERSION, radiograph_gate.GATE_VERSION, _SCHEMA_VERSION], sort_keys=True)
+    definition = json.dumps(
+        [preprocess.PREPROCESSING_VERSION, dedup.HASH_VERSION, radiograph_gate.GATE_VERSION, _SCHEMA_VERSION],
+        sort_keys=True,
+    )
     tag = hashlib.sha256(definition.encode()).hexdigest()[:12]
     return Path(data_dir) / "cache" / f"decoded-{image_size}px-{tag}.sqlite"
 
@@ -94,7 +99,9 @@ def decode_one(job: Job) -> tuple[str, bytes | None, Decoded]:
         radiograph_gate.require_radiograph(gray, path)
         small = preprocess.resize_square(gray, size)
         thumb_source = small if size >= dedup.PHASH_INPUT else gray
-        signatures = Decoded(dedup.pixel_digest(gray), dedup.perceptual_hash(thumb_source), near_duplicates.features(gray))
+        signatures = Decoded(
+            dedup.pixel_digest(gray), dedup.perceptual_hash(thumb_source), near_duplicates.features(gray)
+        )
         return path, preprocess.encode_png(small), signatures
     except preprocess.ImageError as err:
         return path, None, Decoded(reason=err.reason, detail=err.detail)
@@ -115,9 +122,13 @@ def _content_or_none(path: str) -> bytes | None:
 
 
 def _worker_died() -> Decoded:
-    return Decoded(reason="worker-died", detail=(
-        "the decode worker was killed twice while decoding this file (e.g. by the out-of-memory killer); "
-        "skipped. Lower data.max_pixels or data.workers if it is a valid radiograph"))
+    return Decoded(
+        reason="worker-died",
+        detail=(
+            "the decode worker was killed twice while decoding this file (e.g. by the out-of-memory killer); "
+            "skipped. Lower data.max_pixels or data.workers if it is a valid radiograph"
+        ),
+    )
 
 
 def _spawn_pool(workers: int) -> ProcessPoolExecutor:
@@ -164,13 +175,17 @@ class ImageCache:
         try:
             self.db = self._open()
         except sqlite3.OperationalError as err:  # locked, no permission, disk full: the file itself may be fine
-            raise UserError(f"cannot use the decode cache {path} ({err}); check the folder's permissions and free space") from None
+            raise UserError(
+                f"cannot use the decode cache {path} ({err}); check the folder's permissions and free space"
+            ) from None
         except sqlite3.DatabaseError as err:  # not an SQLite file, or a malformed one
             damaged = path.with_name(path.name + ".damaged")
             for leftover in (damaged, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
                 leftover.unlink(missing_ok=True)
             os.replace(path, damaged)
-            log(f"decode cache {path} is damaged ({err}); moved it to {damaged.name} and rebuilding it (every image is decoded again)")
+            log(
+                f"decode cache {path} is damaged ({err}); moved it to {damaged.name} and rebuilding it (every image is decoded again)"
+            )
             self.db = self._open()
 
     def _open(self) -> sqlite3.Connection:
@@ -203,7 +218,11 @@ class ImageCache:
 
     def _known(self, contents: set[bytes]) -> dict[bytes, Decoded]:
         rows = self.db.execute("SELECT content_sha256, pixel_sha256, phash, features, reason, detail FROM images")
-        return {row[0]: Decoded(row[1] or b"", row[2] or b"", row[3] or b"", row[4] or "", row[5] or "") for row in rows if row[0] in contents}
+        return {
+            row[0]: Decoded(row[1] or b"", row[2] or b"", row[3] or b"", row[4] or "", row[5] or "")
+            for row in rows
+            if row[0] in contents
+        }
 
     def _store(self, content: bytes, png: bytes | None, decoded: Decoded) -> None:
         self.db.execute(
@@ -211,8 +230,16 @@ class ImageCache:
             (content, png, decoded.pixel_sha256, decoded.phash, decoded.features, decoded.reason, decoded.detail),
         )
 
-    def decode_all(self, paths: Iterable[str], size: int, workers: int, progress: Callable[[int], None],
-                   max_pixels: int = DEFAULT_MAX_PIXELS, log: Log = print, decode: Callable | None = None) -> tuple[dict[str, Decoded], dict[str, bytes]]:
+    def decode_all(
+        self,
+        paths: Iterable[str],
+        size: int,
+        workers: int,
+        progress: Callable[[int], None],
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        log: Log = print,
+        decode: Callable | None = None,
+    ) -> tuple[dict[str, Decoded], dict[str, bytes]]:
         """(Decoded per path, content sha256 per readable path): from the cache when the content is known,
         else decoded in `workers` processes. `decode` replaces decode_one (tests kill workers with it)."""
         decode = decode or decode_one
@@ -220,7 +247,11 @@ class ImageCache:
         # One thread: ~0.3 s per 200 MB here, and hashing threads fought over the GIL (2-4x slower on a busy machine).
         contents = {path: content for path, content in zip(paths, map(_content_or_none, paths)) if content is not None}
         by_content = self._known(set(contents.values()))
-        jobs = list({content: (path, size, max_pixels) for path, content in contents.items() if content not in by_content}.values())
+        jobs = list(
+            {
+                content: (path, size, max_pixels) for path, content in contents.items() if content not in by_content
+            }.values()
+        )
         stored = 0
 
         def take(outcome: tuple[str, bytes | None, Decoded]) -> None:
@@ -241,8 +272,10 @@ class ImageCache:
             else:
                 self._decode_parallel(jobs, workers, decode, take, log)
         except sqlite3.OperationalError as err:
-            raise UserError(f"writing the decode cache {self.path} failed ({err}); free some space (or use another --data-dir) "
-                            "and re-run prepare: the previous data set is untouched, and what was decoded so far is kept") from None
+            raise UserError(
+                f"writing the decode cache {self.path} failed ({err}); free some space (or use another --data-dir) "
+                "and re-run prepare: the previous data set is untouched, and what was decoded so far is kept"
+            ) from None
         finally:
             with contextlib.suppress(sqlite3.OperationalError):
                 self.db.commit()
@@ -258,8 +291,10 @@ class ImageCache:
             in_doubt, remaining = _decode_in_pool(remaining, min(workers, len(remaining)), decode, take)
             if not in_doubt:
                 return
-            log(f"a decode worker died (killed by the system?) while decoding one of: {', '.join(job[0] for job in in_doubt)}; "
-                "retrying each of them alone in a fresh worker")
+            log(
+                f"a decode worker died (killed by the system?) while decoding one of: {', '.join(job[0] for job in in_doubt)}; "
+                "retrying each of them alone in a fresh worker"
+            )
             for job in in_doubt:
                 outcome = _retry_alone(job, decode)
                 if outcome[2].reason == "worker-died":

@@ -37,7 +37,11 @@ def register_task(task: Task, description: str) -> Task:
 
 
 register_task(
-    Task("chest3", ("normal", "pneumonia", "covid-19"), {"normal": "normal", "covid-19": "covid-19", **{p: "pneumonia" for p in _PNEUMONIA_ANY}}),
+    Task(
+        "chest3",
+        ("normal", "pneumonia", "covid-19"),
+        {"normal": "normal", "covid-19": "covid-19", **{p: "pneumonia" for p in _PNEUMONIA_ANY}},
+    ),
     "chest X-rays: normal, pneumonia of any cause, covid-19",
 )
 register_task(

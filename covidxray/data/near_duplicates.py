@@ -76,13 +76,17 @@ class Match:
     flipped: bool
 
     def describe(self) -> str:
-        return f"{self.inliers} inliers, spread {self.spread:.2f}, scale {self.scale:.2f}, {self.degrees:+.1f} deg" + (", mirrored" if self.flipped else "")
+        return f"{self.inliers} inliers, spread {self.spread:.2f}, scale {self.scale:.2f}, {self.degrees:+.1f} deg" + (
+            ", mirrored" if self.flipped else ""
+        )
 
 
 def _orb(count: int) -> cv2.ORB:
     # A small patch and edge margin keep keypoints near the crop border. The FAST threshold: 10 still finds
     # CANDIDATE_KEYPOINTS corners in the equalised radiographs, and half as many weak ones as 5 (detection -40%).
-    return cv2.ORB_create(nfeatures=count, scaleFactor=1.2, nlevels=6, edgeThreshold=PATCH, patchSize=PATCH, fastThreshold=10)
+    return cv2.ORB_create(
+        nfeatures=count, scaleFactor=1.2, nlevels=6, edgeThreshold=PATCH, patchSize=PATCH, fastThreshold=10
+    )
 
 
 def _spread_out(keypoints, width: int, height: int) -> list:
@@ -95,13 +99,19 @@ def _spread_out(keypoints, width: int, height: int) -> list:
         return []
     points = cv2.KeyPoint_convert(keypoints)
     strength = np.array([k.response for k in keypoints], np.float32)
-    cell = np.minimum(GRID - 1, (points[:, 1] * GRID / height).astype(int)) * GRID + np.minimum(GRID - 1, (points[:, 0] * GRID / width).astype(int))
-    by_cell = np.lexsort((np.arange(len(keypoints)), -strength, cell))  # strongest first within each cell, ties by detection order
+    cell = np.minimum(GRID - 1, (points[:, 1] * GRID / height).astype(int)) * GRID + np.minimum(
+        GRID - 1, (points[:, 0] * GRID / width).astype(int)
+    )
+    by_cell = np.lexsort(
+        (np.arange(len(keypoints)), -strength, cell)
+    )  # strongest first within each cell, ties by detection order
     first_of_cell = np.searchsorted(cell[by_cell], cell[by_cell])
     rank_in_cell = np.empty(len(keypoints), int)
     rank_in_cell[by_cell] = np.arange(len(keypoints)) - first_of_cell
     fair_share = rank_in_cell < -(-KEYPOINTS // (GRID * GRID))
-    order = np.lexsort((np.arange(len(keypoints)), -strength, ~fair_share))  # the fair shares by strength, then the rest by strength
+    order = np.lexsort(
+        (np.arange(len(keypoints)), -strength, ~fair_share)
+    )  # the fair shares by strength, then the rest by strength
     return [keypoints[i] for i in order[:KEYPOINTS]]
 
 
@@ -165,7 +175,10 @@ def features(gray: np.ndarray) -> bytes:
         keypoints, descriptors = (), np.zeros((0, 32), np.uint8)
     mirror_width = small.shape[1]
     # The mirror image has the mirrored keypoints (FAST and Harris are symmetric); only descriptors need computing.
-    mirrored_keypoints = [cv2.KeyPoint(mirror_width - 1 - k.pt[0], k.pt[1], k.size, (180 - k.angle) % 360, k.response, k.octave) for k in keypoints]
+    mirrored_keypoints = [
+        cv2.KeyPoint(mirror_width - 1 - k.pt[0], k.pt[1], k.size, (180 - k.angle) % 360, k.response, k.octave)
+        for k in keypoints
+    ]
     kept, mirrored = orb.compute(cv2.flip(small, 1), mirrored_keypoints)
     if len(kept) != len(keypoints):  # compute() drops keypoints too close to the border: keep the common ones
         mirror_x = {round(k.pt[0], 2) for k in kept}
@@ -188,7 +201,9 @@ def unpack(blob: bytes) -> Features:
     return Features(points, descriptors, mirrored, int(header["width"]), int(header["height"]))
 
 
-def candidate_pairs(all_features: list[Features], min_votes: int = MIN_VOTES, per_image: int = PER_IMAGE) -> dict[tuple[int, int, bool], int]:
+def candidate_pairs(
+    all_features: list[Features], min_votes: int = MIN_VOTES, per_image: int = PER_IMAGE
+) -> dict[tuple[int, int, bool], int]:
     """(i, j, mirrored) with i < j -> shared descriptor words, for pairs with at least `min_votes`.
 
     `mirrored` pairs share words between one image and the other's mirror image.
@@ -257,26 +272,37 @@ def verify(first: Features, second: Features, mirrored: bool, min_inliers: int) 
         return None
     other_points = second.mirror_points() if mirrored else second.points
     # the two nearest descriptors as arrays (knnMatch would build a Python object per match)
-    distance, nearest = cv2.batchDistance(first.descriptors, other_descriptors, cv2.CV_32S, normType=cv2.NORM_HAMMING, K=2)
+    distance, nearest = cv2.batchDistance(
+        first.descriptors, other_descriptors, cv2.CV_32S, normType=cv2.NORM_HAMMING, K=2
+    )
     good = np.flatnonzero(distance[:, 0] < RATIO * distance[:, 1])
     if len(good) < max(3, min_inliers):
         return None
     source = first.points[good]
     target = other_points[nearest[good, 0]]
-    transform, inlier_mask = cv2.estimateAffinePartial2D(source, target, method=cv2.RANSAC, ransacReprojThreshold=REPROJECTION_PX, maxIters=2000, confidence=0.995)
+    transform, inlier_mask = cv2.estimateAffinePartial2D(
+        source, target, method=cv2.RANSAC, ransacReprojThreshold=REPROJECTION_PX, maxIters=2000, confidence=0.995
+    )
     if transform is None:
         return None
     inlier = inlier_mask.ravel().astype(bool)
     scale = float(np.hypot(transform[0, 0], transform[1, 0]))
     # a crop covers all of the copy and part of the original, a padded copy the other way round: the larger fraction
-    spread = max(_hull_fraction(source[inlier], first.width, first.height), _hull_fraction(target[inlier], second.width, second.height))
-    match = Match(int(inlier.sum()), spread, scale, float(np.degrees(np.arctan2(transform[1, 0], transform[0, 0]))), mirrored)
+    spread = max(
+        _hull_fraction(source[inlier], first.width, first.height),
+        _hull_fraction(target[inlier], second.width, second.height),
+    )
+    match = Match(
+        int(inlier.sum()), spread, scale, float(np.degrees(np.arctan2(transform[1, 0], transform[0, 0]))), mirrored
+    )
     if match.inliers < min_inliers or match.spread < MIN_SPREAD or not MIN_SCALE <= scale <= MAX_SCALE:
         return None
     return match
 
 
-def confirmed_pairs(all_features: list[Features], min_inliers: int, joined: Iterable[tuple[int, int]] = ()) -> list[tuple[int, int, Match]]:
+def confirmed_pairs(
+    all_features: list[Features], min_inliers: int, joined: Iterable[tuple[int, int]] = ()
+) -> list[tuple[int, int, Match]]:
     """(i, j, Match) for the candidate pairs the geometric check confirms, unless already joined.
 
     `joined`: pairs known to be copies by other means (the perceptual hash); a pair

@@ -48,8 +48,18 @@ SPLIT_TABLE = "splits.csv"  # every kept image, its patient and its split: the a
 DROPPED_TABLE = "dropped.csv"  # every row or file not used, and why
 DUPLICATE_TABLE = "duplicates.csv"  # every removed copy and the image kept in its place
 DUPLICATE_COLUMNS = [  # one row per removed copy; `kept_*` is the copy kept in its place (or, for a dropped label conflict, its twin)
-    "kind", "distance", "evidence", "outcome", "removed_source", "removed_image", "removed_patient", "removed_label",
-    "kept_source", "kept_image", "kept_patient", "kept_label",
+    "kind",
+    "distance",
+    "evidence",
+    "outcome",
+    "removed_source",
+    "removed_image",
+    "removed_patient",
+    "removed_label",
+    "kept_source",
+    "kept_image",
+    "kept_patient",
+    "kept_label",
 ]
 MAX_DEDUP_DISTANCE = 32
 Progress = Callable[..., None]  # progress(done, total=None)
@@ -74,7 +84,9 @@ def collect_records(config: DataConfig, task: Task, cache_dir: Path) -> Collecte
             if isinstance(item, Dropped):
                 collected.dropped.append((name, item))
             elif task.class_of(item.label) is None:
-                collected.dropped.append((name, Dropped(f"label {item.label!r} not in task {task.name}", str(item.image))))
+                collected.dropped.append(
+                    (name, Dropped(f"label {item.label!r} not in task {task.name}", str(item.image)))
+                )
             else:
                 collected.records.append(item)
                 found += 1
@@ -96,7 +108,9 @@ def plan_shards(splits: dict[str, list[Record]], records_per_shard: int) -> list
 
 def _fingerprint(records: list[Record], task: Task, image_size: int, decoded: dict[str, Decoded]) -> str:
     """Everything a shard's bytes depend on (not where the files sit), so equal shards get equal names anywhere."""
-    digest = hashlib.sha256(json.dumps([task.name, image_size, dedup.HASH_VERSION, preprocess.PREPROCESSING_VERSION]).encode())
+    digest = hashlib.sha256(
+        json.dumps([task.name, image_size, dedup.HASH_VERSION, preprocess.PREPROCESSING_VERSION]).encode()
+    )
     for r in records:  # surrogateescape: a name made from a file name that is not UTF-8 keeps its own bytes
         line = f"{r.record_id}|{r.source}|{r.patient_id}|{r.label}|{decoded[str(r.image)].pixel_sha256.hex()}\n"
         digest.update(line.encode("utf-8", "surrogateescape"))
@@ -108,14 +122,24 @@ def _shard_name(planned: str, fingerprint: str) -> str:
     return planned.replace(".tfrecord", f"-{fingerprint[:12]}.tfrecord")
 
 
-def _write_shard(path: Path, records: list[Record], task: Task, cache: ImageCache, contents: dict[str, bytes], fingerprint: str, progress: Progress) -> dict:
+def _write_shard(
+    path: Path,
+    records: list[Record],
+    task: Task,
+    cache: ImageCache,
+    contents: dict[str, bytes],
+    fingerprint: str,
+    progress: Progress,
+) -> dict:
     from covidxray.data import tfrecord
 
     def examples():
         for record in records:
             progress(1)
             png = cache.png(contents[str(record.image)])
-            yield tfrecord.make_example(png, task.index_of(record.label), record.patient_id, record.source, record.record_id)
+            yield tfrecord.make_example(
+                png, task.index_of(record.label), record.patient_id, record.source, record.record_id
+            )
 
     written = tfrecord.write_shard(path, examples())
     receipt = {
@@ -148,21 +172,31 @@ def _receipt_if_done(path: Path, fingerprint: str, log: Callable[[str], None]) -
 
 
 def _write_csv(path: Path, header: list[str], rows) -> None:
-    with atomic_open(path, "w", newline="", errors="backslashreplace") as handle:  # file names that are not UTF-8 stay readable
+    with atomic_open(
+        path, "w", newline="", errors="backslashreplace"
+    ) as handle:  # file names that are not UTF-8 stay readable
         writer = csv.writer(handle)
         writer.writerow(header)
         writer.writerows(rows)
 
 
 def write_split_table(path: Path, splits: dict[str, list[Record]], task: Task) -> None:
-    rows = ([s, r.patient_id, r.source, r.label, task.class_of(r.label), r.view, str(r.image)] for s in SPLITS for r in splits[s])
+    rows = (
+        [s, r.patient_id, r.source, r.label, task.class_of(r.label), r.view, str(r.image)]
+        for s in SPLITS
+        for r in splits[s]
+    )
     _write_csv(path, ["split", "patient_id", "source", "label", "class", "view", "image"], rows)
 
 
-def _decode(records: list[Record], config: DataConfig, cache: ImageCache, progress: Progress, log) -> tuple[list[Record], dict[str, Decoded], dict[str, bytes], list[tuple[str, Dropped]]]:
+def _decode(
+    records: list[Record], config: DataConfig, cache: ImageCache, progress: Progress, log
+) -> tuple[list[Record], dict[str, Decoded], dict[str, bytes], list[tuple[str, Dropped]]]:
     paths = [str(r.image) for r in records]
     progress(0, len(set(paths)))
-    decoded, contents = cache.decode_all(paths, config.image_size, config.workers or os.cpu_count() or 1, progress, config.max_pixels, log)
+    decoded, contents = cache.decode_all(
+        paths, config.image_size, config.workers or os.cpu_count() or 1, progress, config.max_pixels, log
+    )
     usable, failed = [], []
     for record in records:
         outcome = decoded[str(record.image)]
@@ -196,11 +230,17 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
     started = time.time()
     task = get_task(config.task)
     if config.holdout_source and config.holdout_source not in config.sources:
-        raise UserError(f"data.holdout_source: {config.holdout_source!r} is not one of the sources being prepared ({', '.join(config.sources)})")
+        raise UserError(
+            f"data.holdout_source: {config.holdout_source!r} is not one of the sources being prepared ({', '.join(config.sources)})"
+        )
     if config.holdout_source and config.split == "source":
-        raise UserError("data.holdout_source makes the held-out source the whole test split; it cannot be combined with data.split: source")
+        raise UserError(
+            "data.holdout_source makes the held-out source the whole test split; it cannot be combined with data.split: source"
+        )
     if not -1 <= config.dedup_max_distance <= MAX_DEDUP_DISTANCE:
-        raise UserError(f"data.dedup_max_distance={config.dedup_max_distance}: use -1 (exact duplicates only) to {MAX_DEDUP_DISTANCE}")
+        raise UserError(
+            f"data.dedup_max_distance={config.dedup_max_distance}: use -1 (exact duplicates only) to {MAX_DEDUP_DISTANCE}"
+        )
     progress = progress or (lambda done, total=None: None)
     out = Path(config.data_dir)
     shard_dir = out / SHARD_DIR
@@ -220,24 +260,47 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
         hashes = {str(r.image): (decoded[str(r.image)].pixel_sha256, decoded[str(r.image)].phash) for r in usable}
         priorities = {name: dedup_priority(name) for name in config.sources}
         features = {str(r.image): decoded[str(r.image)].features for r in usable}
-        deduped = dedup.deduplicate(usable, hashes, priorities, config.dedup_max_distance, features, config.dedup_min_inliers, config.dedup_label_conflicts)
+        deduped = dedup.deduplicate(
+            usable,
+            hashes,
+            priorities,
+            config.dedup_max_distance,
+            features,
+            config.dedup_min_inliers,
+            config.dedup_label_conflicts,
+        )
         if deduped.duplicates:
             summary = deduped.summary()
-            log(f"removed {summary['total']} duplicate image(s) ({summary['exact']} exact, {summary['perceptual']} perceptual, "
+            log(
+                f"removed {summary['total']} duplicate image(s) ({summary['exact']} exact, {summary['perceptual']} perceptual, "
                 f"{summary['geometric']} geometric; {summary['label_conflicts_dropped']} dropped for a label conflict); "
-                f"merged {summary['patients_merged']} patient id(s); see {DUPLICATE_TABLE}")
+                f"merged {summary['patients_merged']} patient id(s); see {DUPLICATE_TABLE}"
+            )
 
-        splits, split_report = make_splits(deduped.kept, task, config.split, config.holdout_source, config.val_fraction, config.test_fraction, config.seed)
+        splits, split_report = make_splits(
+            deduped.kept,
+            task,
+            config.split,
+            config.holdout_source,
+            config.val_fraction,
+            config.test_fraction,
+            config.seed,
+        )
         if split_report.get("patients_moved_to_test"):
-            log(f"{split_report['patients_moved_to_test']} patient(s) had images on both sides of the {split_report['mode']} split: "
-                f"all their images went to test ({split_report['records_moved_to_test']} image(s) moved there)")
+            log(
+                f"{split_report['patients_moved_to_test']} patient(s) had images on both sides of the {split_report['mode']} split: "
+                f"all their images went to test ({split_report['records_moved_to_test']} image(s) moved there)"
+            )
         overlap = patients_overlap(splits)
         if overlap:
             raise AssertionError(f"patient split is unsound: {overlap[:5]} in several splits")
         split_of = {(r.source, str(r.image)): name for name in SPLITS for r in splits[name]}
         leaks = audit.find_leaks(split_of, deduped.kept, deduped.matches)
         if leaks:  # the same check `covidxray audit` runs: no manifest for a split that leaks
-            raise UserError(f"the split leaks ({len(leaks)} finding(s)), no manifest written: " + "; ".join(leak.line() for leak in leaks[:5]))
+            raise UserError(
+                f"the split leaks ({len(leaks)} finding(s)), no manifest written: "
+                + "; ".join(leak.line() for leak in leaks[:5])
+            )
 
         plan = plan_shards(splits, config.records_per_shard)
         for partial in shard_dir.glob("*.partial"):  # a killed run's unfinished file; finished shards may be reused
@@ -263,17 +326,38 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
             previous = _listed_shards(out)
             manifest = write_manifest(out, manifest)
         except OSError as err:  # out of disk, most often
-            raise UserError(f"writing the new data set into {out} failed ({err.strerror or err}); the previous data set there, if any, is "
-                            f"untouched and still valid. Free some space (or use another --data-dir) and re-run prepare: finished shards are kept") from None
+            raise UserError(
+                f"writing the new data set into {out} failed ({err.strerror or err}); the previous data set there, if any, is "
+                f"untouched and still valid. Free some space (or use another --data-dir) and re-run prepare: finished shards are kept"
+            ) from None
 
     _remove_unlisted_shards(shard_dir, {s["file"] for s in manifest["shards"]} | previous)
     write_split_table(out / SPLIT_TABLE, splits, task)
-    _write_csv(out / DROPPED_TABLE, ["source", "reason", "where", "detail"], ([s, d.reason, d.where, d.detail] for s, d in dropped))
+    _write_csv(
+        out / DROPPED_TABLE,
+        ["source", "reason", "where", "detail"],
+        ([s, d.reason, d.where, d.detail] for s, d in dropped),
+    )
     _write_csv(
         out / DUPLICATE_TABLE,
         DUPLICATE_COLUMNS,
-        ([d.kind, d.distance, d.evidence, _outcome(d), d.removed.source, str(d.removed.image), d.removed.patient_id, d.removed.label,
-          d.kept.source, str(d.kept.image), d.kept.patient_id, d.kept.label] for d in deduped.duplicates),
+        (
+            [
+                d.kind,
+                d.distance,
+                d.evidence,
+                _outcome(d),
+                d.removed.source,
+                str(d.removed.image),
+                d.removed.patient_id,
+                d.removed.label,
+                d.kept.source,
+                str(d.kept.image),
+                d.kept.patient_id,
+                d.kept.label,
+            ]
+            for d in deduped.duplicates
+        ),
     )
     return manifest
 
@@ -307,7 +391,9 @@ def _split_summary(records: list[Record], task: Task) -> dict:
     }
 
 
-def build_manifest(config: DataConfig, task: Task, splits, receipts: list[dict], dropped, deduped: dedup.DedupResult, sources: dict) -> dict:
+def build_manifest(
+    config: DataConfig, task: Task, splits, receipts: list[dict], dropped, deduped: dedup.DedupResult, sources: dict
+) -> dict:
     per_split = {split: _split_summary(splits[split], task) for split in SPLITS}
     for split in SPLITS:  # the shards hold exactly the split: checked, not assumed
         in_shards = sum(r["records"] for r in receipts if r["split"] == split)
@@ -332,7 +418,9 @@ def build_manifest(config: DataConfig, task: Task, splits, receipts: list[dict],
             "exact": "sha256 of decoded full-resolution gray pixels",
             "perceptual": f"256-bit DCT hash, Hamming distance <= {config.dedup_max_distance} between different patients",
             "geometric": f"ORB keypoints, RANSAC similarity with >= {config.dedup_min_inliers} inliers; "
-            "within one source and patient kept (a possible follow-up)" if config.dedup_min_inliers and config.dedup_max_distance >= 0 else "off",
+            "within one source and patient kept (a possible follow-up)"
+            if config.dedup_min_inliers and config.dedup_max_distance >= 0
+            else "off",
             "label_conflicts": config.dedup_label_conflicts,
             "keep": "lowest source priority, then source name, then record id",
             "priority": {name: dedup_priority(name) for name in config.sources},

@@ -105,11 +105,15 @@ def _outside_test(record: Record, why: str) -> bool:
     return record.original_split not in ("", "test") if why == "official" else record.source != why
 
 
-def split_by_official_folders(records: list[Record], task: Task, val_fraction: float, test_fraction: float, seed: int) -> tuple[dict[str, list[Record]], dict]:
+def split_by_official_folders(
+    records: list[Record], task: Task, val_fraction: float, test_fraction: float, seed: int
+) -> tuple[dict[str, list[Record]], dict]:
     """Official test folders -> test; official train/val -> train/val by patient; records without folders -> by patient."""
     patients = _group_by_patient(records)
     official_test = {p for p, recs in patients.items() if any(r.original_split == "test" for r in recs)}
-    official_train = {p for p, recs in patients.items() if p not in official_test and any(r.original_split for r in recs)}
+    official_train = {
+        p for p, recs in patients.items() if p not in official_test and any(r.original_split for r in recs)
+    }
     test, report = _to_test(patients, official_test, "official")
     trainval = split_by_patient([r for p in official_train for r in patients[p]], task, val_fraction, 0.0, seed)
     unsplit = [r for p, recs in patients.items() if p not in official_test and p not in official_train for r in recs]
@@ -118,16 +122,28 @@ def split_by_official_folders(records: list[Record], task: Task, val_fraction: f
     return _combine({"test": test}, trainval, rest), report
 
 
-def split_holding_out(records: list[Record], task: Task, source: str, val_fraction: float, seed: int) -> tuple[dict[str, list[Record]], dict]:
+def split_holding_out(
+    records: list[Record], task: Task, source: str, val_fraction: float, seed: int
+) -> tuple[dict[str, list[Record]], dict]:
     """Every patient with an image of `source` -> test; everyone else by patient into train/val."""
     patients = _group_by_patient(records)
     held_out = {p for p, recs in patients.items() if any(r.source == source for r in recs)}
     test, report = _to_test(patients, held_out, source)
-    others = split_by_patient([r for p, recs in patients.items() if p not in held_out for r in recs], task, val_fraction, 0.0, seed)
+    others = split_by_patient(
+        [r for p, recs in patients.items() if p not in held_out for r in recs], task, val_fraction, 0.0, seed
+    )
     return _combine({"test": test}, others), report
 
 
-def make_splits(records: list[Record], task: Task, mode: str, holdout_source: str, val_fraction: float, test_fraction: float, seed: int) -> tuple[dict[str, list[Record]], dict]:
+def make_splits(
+    records: list[Record],
+    task: Task,
+    mode: str,
+    holdout_source: str,
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+) -> tuple[dict[str, list[Record]], dict]:
     """The split the config asks for, and a report of it (mode, and patients moved to test to keep them whole)."""
     report: dict = {"mode": "holdout" if holdout_source else mode, "holdout_source": holdout_source}
     if holdout_source:

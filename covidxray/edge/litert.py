@@ -33,7 +33,12 @@ def _sidecar_problem(card, num_classes: int, input_shape: list[int], embedding_d
     if missing:
         return f"lacks {', '.join(missing)}"
     labels, size = card["labels"], card["image_size"]
-    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) and x for x in labels) or len(set(labels)) != len(labels):
+    if (
+        not isinstance(labels, list)
+        or not labels
+        or not all(isinstance(x, str) and x for x in labels)
+        or len(set(labels)) != len(labels)
+    ):
         return f"labels must be a list of distinct names, got {labels!r}"
     if len(labels) != num_classes:
         return f"lists {len(labels)} labels ({', '.join(labels)}) but the model has {num_classes} outputs"
@@ -64,12 +69,16 @@ class TFLiteClassifier:
 
         self.path = Path(model_path)
         if not self.path.is_file():
-            raise UserError(f"model {self.path} not found: run `covidxray export` first (or point --model at a .tflite or run directory)")
+            raise UserError(
+                f"model {self.path} not found: run `covidxray export` first (or point --model at a .tflite or run directory)"
+            )
         card = card if card is not None else self._read_card()
         flatbuffer = self.path.read_bytes()
         expected = card.get("tflite_sha256") if isinstance(card, dict) else None
         if expected and hashlib.sha256(flatbuffer).hexdigest() != expected:
-            raise UserError(f"{self.path} does not match its sidecar {sidecar_path(self.path).name} (sha256 differs): copy both files from the same export")
+            raise UserError(
+                f"{self.path} does not match its sidecar {sidecar_path(self.path).name} (sha256 differs): copy both files from the same export"
+            )
         with native_stderr_to(None):  # the XNNPACK banner
             self.interpreter = Interpreter(model_content=flatbuffer, num_threads=threads)
             self.interpreter.allocate_tensors()
@@ -80,7 +89,9 @@ class TFLiteClassifier:
         embedding_dim = int(self.embedding_output["shape"][-1]) if self.embedding_output else None
         problem = _sidecar_problem(card, int(self.output["shape"][-1]), list(self.input["shape"]), embedding_dim)
         if problem:
-            raise UserError(f"sidecar {sidecar_path(self.path)} {problem}: copy the sidecar written by the same `covidxray export` as {self.path.name}, or export again")
+            raise UserError(
+                f"sidecar {sidecar_path(self.path)} {problem}: copy the sidecar written by the same `covidxray export` as {self.path.name}, or export again"
+            )
         self.card = card
         self.labels: list[str] = card["labels"]
         self.image_size: int = int(card["image_size"])
@@ -132,7 +143,9 @@ class TFLiteClassifier:
         probabilities = self._dequantize(self.interpreter.get_tensor(self.output["index"]), self.output)[0]
         if self.embedding_output is None:
             return probabilities, None
-        return probabilities, self._dequantize(self.interpreter.get_tensor(self.embedding_output["index"]), self.embedding_output)[0]
+        return probabilities, self._dequantize(
+            self.interpreter.get_tensor(self.embedding_output["index"]), self.embedding_output
+        )[0]
 
     def calibrated(self, probabilities: np.ndarray) -> np.ndarray:
         """The sidecar's temperature applied (a model exported without one keeps its own probabilities)."""

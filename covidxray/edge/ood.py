@@ -51,17 +51,26 @@ class OodModel:
     def to_sidecar(self, extra: dict) -> dict:
         classes, dim = self.means.shape
         return {
-            "method": METHOD, "classes": classes, "dim": dim, "threshold": self.threshold,
-            **extra, "means": _pack(self.means), "precision": _pack(self.precision),
+            "method": METHOD,
+            "classes": classes,
+            "dim": dim,
+            "threshold": self.threshold,
+            **extra,
+            "means": _pack(self.means),
+            "precision": _pack(self.precision),
         }
 
     @classmethod
     def from_sidecar(cls, entry: dict) -> OodModel:
         classes, dim = int(entry["classes"]), int(entry["dim"])
-        return cls(_unpack(entry["means"], (classes, dim)), _unpack(entry["precision"], (dim, dim)), float(entry["threshold"]))
+        return cls(
+            _unpack(entry["means"], (classes, dim)), _unpack(entry["precision"], (dim, dim)), float(entry["threshold"])
+        )
 
 
-def fit(train_embeddings: np.ndarray, train_labels: np.ndarray, num_classes: int) -> tuple[np.ndarray, np.ndarray, float]:
+def fit(
+    train_embeddings: np.ndarray, train_labels: np.ndarray, num_classes: int
+) -> tuple[np.ndarray, np.ndarray, float]:
     """Class means, the precision of the shrunk within-class covariance, and the shrinkage used."""
     from sklearn.covariance import LedoitWolf
 
@@ -74,14 +83,24 @@ def fit(train_embeddings: np.ndarray, train_labels: np.ndarray, num_classes: int
     return means, estimate.precision_, float(estimate.shrinkage_)
 
 
-def fit_with_threshold(train_embeddings: np.ndarray, train_labels: np.ndarray, val_embeddings: np.ndarray,
-                       num_classes: int, margin: float) -> dict:
+def fit_with_threshold(
+    train_embeddings: np.ndarray, train_labels: np.ndarray, val_embeddings: np.ndarray, num_classes: int, margin: float
+) -> dict:
     """Fit on train, choose the threshold on val; the sidecar entry."""
     means, precision, shrinkage = fit(train_embeddings, train_labels, num_classes)
     model = OodModel(means, precision, threshold=0.0)
     val = model.distances(val_embeddings)
     model.threshold = float(val.max() * margin)
-    return model.to_sidecar({
-        "margin": margin, "shrinkage": shrinkage, "train_images": int(len(train_labels)), "val_images": int(len(val)),
-        "val_distance": {"median": float(np.median(val)), "p99": float(np.percentile(val, 99)), "max": float(val.max())},
-    })
+    return model.to_sidecar(
+        {
+            "margin": margin,
+            "shrinkage": shrinkage,
+            "train_images": int(len(train_labels)),
+            "val_images": int(len(val)),
+            "val_distance": {
+                "median": float(np.median(val)),
+                "p99": float(np.percentile(val, 99)),
+                "max": float(val.max()),
+            },
+        }
+    )

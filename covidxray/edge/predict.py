@@ -57,8 +57,14 @@ def predict_path(path: Path, classifier: TFLiteClassifier, explain: Explainer | 
         gray = load_gray(path)
     except ImageError as err:
         return {"file": str(path), "error": err.detail, "reason": err.reason}
-    except Exception as err:  # a malformed file (WindowCenter "abc", a broken VOI LUT sequence, ...) is that file's problem only
-        return {"file": str(path), "error": f"cannot decode ({type(err).__name__}: {' '.join(str(err).split())})", "reason": "unreadable"}
+    except (
+        Exception
+    ) as err:  # a malformed file (WindowCenter "abc", a broken VOI LUT sequence, ...) is that file's problem only
+        return {
+            "file": str(path),
+            "error": f"cannot decode ({type(err).__name__}: {' '.join(str(err).split())})",
+            "reason": "unreadable",
+        }
     gate = radiograph_gate.check(gray)
     if not gate.passed:
         return _rejected(path, gate.reason, gate.score, gate.limit)
@@ -91,7 +97,9 @@ def preprocessing_mismatch(card: dict) -> str | None:
 
 
 def predict_files(
-    paths: list[Path], model_path: Path, threads: int = 1,
+    paths: list[Path],
+    model_path: Path,
+    threads: int = 1,
     explainer_for: ExplainerFor | None = None,
     warn: Callable[[str], None] = lambda _message: None,
 ) -> list[dict]:

@@ -163,7 +163,9 @@ def _decode_failure(dataset, path: Path | str, err: Exception) -> ImageError:
             available = False
         if not available:
             return ImageError(
-                "unsupported", path, f"no DICOM pixel decoder installed for {syntax.name} ({syntax}); "
+                "unsupported",
+                path,
+                f"no DICOM pixel decoder installed for {syntax.name} ({syntax}); "
                 "install covidxray's pylibjpeg dependencies (pip install pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg pylibjpeg-rle)",
             )
     return ImageError("unreadable", path, f"cannot decode DICOM pixels ({_one_line(err)})")
@@ -178,7 +180,9 @@ def dicom_gray(dataset, path: Path | str = "<dataset>") -> np.ndarray:
 
     photometric = str(dataset.get("PhotometricInterpretation", "MONOCHROME2")).upper()
     if photometric not in ("MONOCHROME1", "MONOCHROME2"):
-        raise ImageError("not-xray", path, f"DICOM photometric interpretation {photometric} is not a grayscale radiograph")
+        raise ImageError(
+            "not-xray", path, f"DICOM photometric interpretation {photometric} is not a grayscale radiograph"
+        )
     bits = int(dataset.get("BitsAllocated", 16) or 16)
     if bits not in (8, 16):
         raise ImageError("unsupported", path, f"DICOM with {bits}-bit pixels: radiographs here are 8 to 16 bit")
@@ -219,15 +223,25 @@ def _read_bare_dataset(path: Path):
         with warnings.catch_warnings():  # junk parsed by force=True warns about made-up charsets and VRs
             warnings.simplefilter("ignore")
             dataset = pydicom.dcmread(str(path), force=True)
-        complete = all(name in dataset for name in _BARE_DATASET_NEEDS) and int(dataset.Rows) > 0 and int(dataset.Columns) > 0
+        complete = (
+            all(name in dataset for name in _BARE_DATASET_NEEDS) and int(dataset.Rows) > 0 and int(dataset.Columns) > 0
+        )
     except Exception:  # force=True on junk fails in many ways (bad lengths, undecodable values)
         raise ImageError("unreadable", path, not_dicom) from None
     if not complete:
         raise ImageError("unreadable", path, not_dicom)
     if dataset["PixelData"].is_undefined_length:
-        raise ImageError("unsupported", path, "compressed DICOM pixel data without a file meta header: its transfer syntax is unknown")
+        raise ImageError(
+            "unsupported",
+            path,
+            "compressed DICOM pixel data without a file meta header: its transfer syntax is unknown",
+        )
     # Native pixels are read with the encoding the elements were found in.
-    syntax = {(True, True): ImplicitVRLittleEndian, (False, True): ExplicitVRLittleEndian, (False, False): ExplicitVRBigEndian}
+    syntax = {
+        (True, True): ImplicitVRLittleEndian,
+        (False, True): ExplicitVRLittleEndian,
+        (False, False): ExplicitVRBigEndian,
+    }
     dataset.file_meta.TransferSyntaxUID = syntax.get(tuple(dataset.original_encoding), ImplicitVRLittleEndian)
     return dataset
 
@@ -246,7 +260,11 @@ def _load_dicom(path: Path) -> np.ndarray:
         raise ImageError("unreadable", path, "DICOM file holds no pixel data")
     modality = str(dataset.get("Modality", "") or "").upper()
     if modality not in XRAY_MODALITIES:
-        raise ImageError("not-xray", path, f"DICOM modality {modality} is not a radiograph (expected {', '.join(m for m in XRAY_MODALITIES if m)})")
+        raise ImageError(
+            "not-xray",
+            path,
+            f"DICOM modality {modality} is not a radiograph (expected {', '.join(m for m in XRAY_MODALITIES if m)})",
+        )
     frames = int(dataset.get("NumberOfFrames", 1) or 1)
     if frames > 1:
         raise ImageError("not-xray", path, f"DICOM with {frames} frames is a volume or series, not a radiograph")
@@ -275,8 +293,12 @@ def _load_raster(path: Path) -> np.ndarray:
 
 def _check_pixel_count(path: Path, size: tuple[int, int] | None, max_pixels: int, what: str) -> None:
     if size is not None and size[0] * size[1] > max_pixels:
-        raise ImageError("too-large", path, f"{what} {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, above data.max_pixels "
-                         f"{max_pixels:,} (decoding it could exhaust memory); downscale it, or raise data.max_pixels if this board has the memory")
+        raise ImageError(
+            "too-large",
+            path,
+            f"{what} {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, above data.max_pixels "
+            f"{max_pixels:,} (decoding it could exhaust memory); downscale it, or raise data.max_pixels if this board has the memory",
+        )
 
 
 def load_gray(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:

@@ -94,7 +94,9 @@ def features(gray: np.ndarray) -> dict[str, float]:
     top_two = float(np.sort(counts)[-2:].sum() / small.size)
     # Fine detail: mean absolute difference from a 3x3 box blur. Radiographs are smooth at this
     # scale; text strokes, UI edges and noise are not. Relative to the spread, so contrast does not matter.
-    detail = float(np.abs(small.astype(np.float32) - cv2.blur(small, (3, 3)).astype(np.float32)).mean() / max(spread, 1.0))
+    detail = float(
+        np.abs(small.astype(np.float32) - cv2.blur(small, (3, 3)).astype(np.float32)).mean() / max(spread, 1.0)
+    )
     return {
         "too-small": float(min(height, width)),
         "near-uniform": spread,
@@ -112,7 +114,12 @@ def check(gray: np.ndarray) -> GateResult:
         value = values[item.reason]
         if item.rejects(value):
             side = "below" if item.radiographs_above else "above"
-            return GateResult(item.reason, value, item.limit, f"not a chest radiograph: {item.what} {value:.3g} is {side} {item.limit:g}")
+            return GateResult(
+                item.reason,
+                value,
+                item.limit,
+                f"not a chest radiograph: {item.what} {value:.3g} is {side} {item.limit:g}",
+            )
     return GateResult()
 
 

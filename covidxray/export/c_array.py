@@ -62,6 +62,8 @@ def write_c_array(tflite_path: Path, labels: list[str], image_size: int) -> tupl
     """model-int8.tflite -> model-int8.cc + model-int8.h beside it."""
     data = tflite_path.read_bytes()
     source, header = tflite_path.with_suffix(".cc"), tflite_path.with_suffix(".h")
-    atomic_write(header, header_text(header.name, tflite_path.name, hashlib.sha256(data).hexdigest(), labels, image_size))
+    atomic_write(
+        header, header_text(header.name, tflite_path.name, hashlib.sha256(data).hexdigest(), labels, image_size)
+    )
     atomic_write(source, source_text(data, header.name, labels))
     return source, header

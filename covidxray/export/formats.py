@@ -46,8 +46,12 @@ def _float16(converter, representative) -> None:
     converter.target_spec.supported_types = [tf.float16]
 
 
-@register_format("int8", "integer only, calibrated on train images: uint8 gray pixels in, uint8 probabilities out "
-                 "(also the C array for TensorFlow Lite Micro)", needs_representative=True)
+@register_format(
+    "int8",
+    "integer only, calibrated on train images: uint8 gray pixels in, uint8 probabilities out "
+    "(also the C array for TensorFlow Lite Micro)",
+    needs_representative=True,
+)
 def _int8(converter, representative) -> None:
     import tensorflow as tf
 

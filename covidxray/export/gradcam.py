@@ -101,10 +101,14 @@ class GradCamWriter:
 
     def __init__(self, keras_model: Path, out_dir: Path, image_size: int):
         if not keras_model.is_file():
-            raise UserError(f"--explain needs the Keras model: {keras_model} not found (give --keras-model, or keep model.keras beside the .tflite)")
+            raise UserError(
+                f"--explain needs the Keras model: {keras_model} not found (give --keras-model, or keep model.keras beside the .tflite)"
+            )
         model = tf.keras.models.load_model(str(keras_model), compile=False)
         if tuple(model.input_shape[1:3]) != (image_size, image_size):
-            raise UserError(f"{keras_model} takes {model.input_shape[1:3]} inputs, the .tflite {image_size} px: they are not the same model")
+            raise UserError(
+                f"{keras_model} takes {model.input_shape[1:3]} inputs, the .tflite {image_size} px: they are not the same model"
+            )
         self.forward = score_function(model)
         self.out_dir = out_dir
         self.used: set[str] = set()

@@ -56,7 +56,9 @@ def load_split(data_dir: Path, split: str, limit: int | None = None) -> tuple[np
         images.append(image)
         labels.append(label)
     if not images:
-        raise UserError(f"{data_dir}: the {split} split is empty; export needs it (test for parity, train for int8 calibration)")
+        raise UserError(
+            f"{data_dir}: the {split} split is empty; export needs it (test for parity, train for int8 calibration)"
+        )
     return np.stack(images), np.array(labels)
 
 
@@ -87,7 +89,9 @@ def fit_calibration_and_ood(classifier: TFLiteClassifier, data_dir: Path, margin
     """Sidecar entries `temperature` (fitted on val) and `ood` (train statistics, threshold on val)."""
     val_probs, val_embeddings, val_labels = _run_split(classifier, data_dir, "val")
     if not len(val_labels):
-        raise UserError(f"{data_dir}: the val split is empty; export fits the temperature and the out-of-distribution threshold on it (prepare with data.val_fraction > 0)")
+        raise UserError(
+            f"{data_dir}: the val split is empty; export fits the temperature and the out-of-distribution threshold on it (prepare with data.val_fraction > 0)"
+        )
     _, train_embeddings, train_labels = _run_split(classifier, data_dir, "train")
     return {
         "temperature": calibration_summary(val_probs, val_labels, classifier.probability_floor),
@@ -120,11 +124,17 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     card = json.loads(card_path.read_text())
     _, same_data = check_model_matches(card, data_dir)
     if not same_data:
-        say(f"[yellow]warning[/]: {data_dir} is not the exact data set the model was trained on (manifest hash differs); its test split may overlap training images")
+        say(
+            f"[yellow]warning[/]: {data_dir} is not the exact data set the model was trained on (manifest hash differs); its test split may overlap training images"
+        )
     model = tf.keras.models.load_model(str(model_path), compile=False)
     test_images, test_labels = load_split(data_dir, "test")
     keras_pred = model.predict(test_images, batch_size=64, verbose=0).argmax(1)
-    representative = load_split(data_dir, "train", config.export.representative_samples)[0] if any(FORMATS.get(f).needs_representative for f in formats) else None
+    representative = (
+        load_split(data_dir, "train", config.export.representative_samples)[0]
+        if any(FORMATS.get(f).needs_representative for f in formats)
+        else None
+    )
     log = run_dir / CONVERTER_LOG
     log.unlink(missing_ok=True)
     with native_stderr_to(log):
@@ -132,7 +142,11 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     say(f"SavedModel: {saved_model}")
 
     report = {
-        "keras": {"file": MODEL_FILE, "bytes": model_path.stat().st_size, "accuracy": float((keras_pred == test_labels).mean())},
+        "keras": {
+            "file": MODEL_FILE,
+            "bytes": model_path.stat().st_size,
+            "accuracy": float((keras_pred == test_labels).mean()),
+        },
         "saved_model": SAVED_MODEL_DIR,
         "test_images": len(test_labels),
         "data_manifest_sha256": manifest_sha256(data_dir),
@@ -144,7 +158,12 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             flatbuffer = convert(saved_model, fmt, representative)
         out = run_dir / tflite_name(fmt)
         atomic_write(out, flatbuffer)
-        sidecar = {**card, "format": fmt, "tflite_sha256": hashlib.sha256(flatbuffer).hexdigest(), "keras_model": MODEL_FILE}
+        sidecar = {
+            **card,
+            "format": fmt,
+            "tflite_sha256": hashlib.sha256(flatbuffer).hexdigest(),
+            "keras_model": MODEL_FILE,
+        }
         sidecar.update(fit_calibration_and_ood(TFLiteClassifier(out, card=sidecar), data_dir, config.export.ood_margin))
         classifier = TFLiteClassifier(out, card=sidecar)  # calibrated, as predict will run it
         lite_probs, test_embeddings, _ = _run_split(classifier, data_dir, "test")
@@ -157,10 +176,15 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             "temperature": sidecar["temperature"]["value"],
             "val_ece_before_after": [sidecar["temperature"]["ece_before"], sidecar["temperature"]["ece_after"]],
             "ood_threshold": sidecar["ood"]["threshold"],
-            "test_over_ood_threshold": float((classifier.ood.distances(test_embeddings) > classifier.ood.threshold).mean()),
+            "test_over_ood_threshold": float(
+                (classifier.ood.distances(test_embeddings) > classifier.ood.threshold).mean()
+            ),
         }
         entry["accuracy_delta"] = entry["accuracy"] - report["keras"]["accuracy"]
-        sidecar["parity"] = {"test_images": len(test_labels), **{k: entry[k] for k in ("agreement", "accuracy", "accuracy_delta")}}
+        sidecar["parity"] = {
+            "test_images": len(test_labels),
+            **{k: entry[k] for k in ("agreement", "accuracy", "accuracy_delta")},
+        }
         write_json(sidecar_path(out), sidecar)
         if fmt == "int8":
             entry["meets_bar"] = entry["agreement"] >= config.export.int8_min_agreement

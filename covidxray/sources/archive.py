@@ -61,22 +61,35 @@ class _Budget:
         self.free = shutil.disk_usage(dest).free
 
     def _refuse(self, why: str, setting: str) -> UserError:
-        return UserError(f"{self.archive}: {why}; refusing to extract it (a damaged archive or a decompression bomb). "
-                         f"If the archive is genuine, raise {setting} (--set data.{setting}=...)")
+        return UserError(
+            f"{self.archive}: {why}; refusing to extract it (a damaged archive or a decompression bomb). "
+            f"If the archive is genuine, raise {setting} (--set data.{setting}=...)"
+        )
 
     def charge(self, name: str, size: int, compressed: int | None = None) -> None:
         if compressed is not None and size > _RATIO_MIN_BYTES and size > self.limits.max_ratio * max(compressed, 1):
-            raise self._refuse(f"member {name!r} expands {size / max(compressed, 1):.0f}x ({compressed:,} -> {size:,} bytes), "
-                               f"above max_compression_ratio {self.limits.max_ratio:g}", "max_compression_ratio")
+            raise self._refuse(
+                f"member {name!r} expands {size / max(compressed, 1):.0f}x ({compressed:,} -> {size:,} bytes), "
+                f"above max_compression_ratio {self.limits.max_ratio:g}",
+                "max_compression_ratio",
+            )
         self.written += size
         if self.written > self.limits.max_bytes:
-            raise self._refuse(f"it expands to more than max_extract_bytes {self.limits.max_bytes:,} bytes (at member {name!r})", "max_extract_bytes")
+            raise self._refuse(
+                f"it expands to more than max_extract_bytes {self.limits.max_bytes:,} bytes (at member {name!r})",
+                "max_extract_bytes",
+            )
         if self.written > _RATIO_MIN_BYTES and self.written > self.limits.max_ratio * self.archive_bytes:
-            raise self._refuse(f"it expands to more than {self.limits.max_ratio:g}x its own {self.archive_bytes:,} bytes "
-                               f"(at member {name!r})", "max_compression_ratio")
+            raise self._refuse(
+                f"it expands to more than {self.limits.max_ratio:g}x its own {self.archive_bytes:,} bytes "
+                f"(at member {name!r})",
+                "max_compression_ratio",
+            )
         if self.written > self.free:
-            raise UserError(f"{self.archive}: extracting needs more than the {self.free >> 20:,} MB free on {self.archive.parent}'s "
-                            "disk; free some space or put the data elsewhere (--data-dir)")
+            raise UserError(
+                f"{self.archive}: extracting needs more than the {self.free >> 20:,} MB free on {self.archive.parent}'s "
+                "disk; free some space or put the data elsewhere (--data-dir)"
+            )
 
 
 def _stamp(archive: Path) -> dict:
@@ -119,8 +132,10 @@ def _copy_member(bundle: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, a
         for block in iter(lambda: source.read(_COPY_BLOCK), b""):
             left -= len(block)
             if left < 0:
-                raise UserError(f"{archive}: member {info.filename!r} inflates beyond its declared {info.file_size:,} bytes; "
-                                "refusing to extract it (a damaged archive or a decompression bomb)")
+                raise UserError(
+                    f"{archive}: member {info.filename!r} inflates beyond its declared {info.file_size:,} bytes; "
+                    "refusing to extract it (a damaged archive or a decompression bomb)"
+                )
             out.write(block)
 
 
@@ -164,8 +179,13 @@ def archive_stem(name: str) -> str:
     return re.sub(r"(\.tar)?\.(zip|tar|tgz|gz|bz2|xz)$", "", name, flags=re.I)
 
 
-def extract(archive: Path, target: Path, say: Say = print, verify: Callable[[Path], None] | None = None,
-            limits: ExtractLimits | None = None) -> Path:
+def extract(
+    archive: Path,
+    target: Path,
+    say: Say = print,
+    verify: Callable[[Path], None] | None = None,
+    limits: ExtractLimits | None = None,
+) -> Path:
     """Unpack `archive` into `target` unless it already holds this very archive; returns `target`.
 
     `verify` (e.g. a checksum check) runs only when unpacking is actually needed.

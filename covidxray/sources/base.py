@@ -63,4 +63,3 @@ def register_source(cls: type[Source]) -> type[Source]:
     """Class decorator: make an adapter reachable by its `name` from config and CLI (described by its module's docstring)."""
     options = ", ".join(cls.option_names())
     return SOURCE_REGISTRY.add(cls.name, cls, f"{first_line(sys.modules[cls.__module__].__doc__)} Options: {options}.")
-

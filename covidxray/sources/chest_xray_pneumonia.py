@@ -52,9 +52,19 @@ def failure_kind(err: BaseException) -> tuple[str, str]:
     for cause in _causes(err):
         if isinstance(cause, requests.HTTPError) and cause.response is not None:
             status = cause.response.status_code
-            kind = "credentials" if status in (401, 403) else "not-found" if status == 404 else "service" if status >= 500 else "other"
+            kind = (
+                "credentials"
+                if status in (401, 403)
+                else "not-found"
+                if status == 404
+                else "service"
+                if status >= 500
+                else "other"
+            )
             return kind, f"HTTP {status}"
-        if isinstance(cause, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError, socket.gaierror)):
+        if isinstance(
+            cause, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError, socket.gaierror)
+        ):
             return "network", _short(cause)
     if isinstance(err, SystemExit) or (isinstance(err, OSError) and "kaggle.json" in str(err)):
         return "credentials", "no usable Kaggle credentials found"
@@ -71,8 +81,10 @@ def explain_failure(err: BaseException, doing: str, dataset: str) -> str:
     kind, detail = failure_kind(err)
     manual = f"or download it from https://www.kaggle.com/datasets/{dataset} on a machine with internet and pass the zip with --from"
     if kind == "network":
-        return (f"could not reach Kaggle while {doing} ({detail}): a network problem, not a credentials one. Check this "
-                f"machine's connection, DNS and proxy (HTTPS_PROXY), then re-run; {manual}")
+        return (
+            f"could not reach Kaggle while {doing} ({detail}): a network problem, not a credentials one. Check this "
+            f"machine's connection, DNS and proxy (HTTPS_PROXY), then re-run; {manual}"
+        )
     if kind == "credentials":
         return f"Kaggle did not accept the credentials while {doing} ({detail}): {CREDENTIALS_HELP}; {manual}"
     if kind == "not-found":
@@ -92,7 +104,9 @@ def kaggle_api(dataset: str):
             api = kaggle.KaggleApi()
             api.authenticate()
     except ImportError:
-        raise UserError("the `kaggle` package is not installed: pip install kaggle (or pass the downloaded zip with --from)") from None
+        raise UserError(
+            "the `kaggle` package is not installed: pip install kaggle (or pass the downloaded zip with --from)"
+        ) from None
     except (SystemExit, Exception) as err:  # exit(1), OSError, requests errors: see failure_kind
         raise UserError(explain_failure(err, "authenticating", dataset)) from None
     return api
@@ -108,9 +122,13 @@ def kaggle_download(dataset: str, folder: Path, file_name: str, sha256: str | No
         try:
             api.dataset_download_files(dataset, path=str(folder), unzip=False, quiet=True)
         except Exception as err:  # network, HTTP and API errors from a third-party client
-            raise UserError(f"download of {file_name} failed: " + explain_failure(err, f"downloading {dataset}", dataset)) from None
+            raise UserError(
+                f"download of {file_name} failed: " + explain_failure(err, f"downloading {dataset}", dataset)
+            ) from None
         if not path.is_file():
-            raise UserError(f"the Kaggle API finished but {path} is missing; download it yourself and pass it with --from")
+            raise UserError(
+                f"the Kaggle API finished but {path} is missing; download it yourself and pass it with --from"
+            )
     digest = verify_sha256(path, sha256, origin=f"kaggle:{dataset}", delete=True) if sha256 else sha256_file(path)
     return path, digest
 

@@ -83,7 +83,13 @@ class CovidTaloSource(DescribedSource):
                 elif label is None:
                     yield Dropped(f"unknown class folder {class_dir.name!r}", str(item))
                 else:
-                    yield Record(image=item, label=label, patient_id=_namespaced(patient_of(item.name)), source=self.name, view="frontal")
+                    yield Record(
+                        image=item,
+                        label=label,
+                        patient_id=_namespaced(patient_of(item.name)),
+                        source=self.name,
+                        view="frontal",
+                    )
 
 
 def _namespaced(patient: str) -> str:

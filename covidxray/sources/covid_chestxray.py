@@ -53,7 +53,9 @@ def read_metadata(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
             raise UserError(f"{path} is empty; expected the covid-chestxray metadata header") from None
         missing = [name for name in REQUIRED if name not in header]
         if missing:
-            raise UserError(f"{path}: column(s) {', '.join(missing)} missing from the header; is this the ieee8023 metadata.csv?")
+            raise UserError(
+                f"{path}: column(s) {', '.join(missing)} missing from the header; is this the ieee8023 metadata.csv?"
+            )
         try:
             for values in reader:
                 if any(v.strip() for v in values):
@@ -86,7 +88,11 @@ class CovidChestXraySource(DescribedSource):
             return Dropped(f"modality {modality} is not X-ray", where)
         if view in UNKNOWN_VIEWS:
             if self.options.unknown_view != "keep":
-                return Dropped("view unknown (blank, '?' or no view column); source option unknown_view: keep takes it as frontal", where, view)
+                return Dropped(
+                    "view unknown (blank, '?' or no view column); source option unknown_view: keep takes it as frontal",
+                    where,
+                    view,
+                )
         elif not is_frontal(view):
             return Dropped(f"view {view} is not frontal", where)
         if not finding:
@@ -104,4 +110,10 @@ class CovidChestXraySource(DescribedSource):
         image = root / folder / filename
         if not image.is_file():
             return Dropped("image file listed in metadata.csv is missing", where, str(image))
-        return Record(image=image, label=label, patient_id=f"{self.name}:{row['patientid']}", source=self.name, view="unknown" if view in UNKNOWN_VIEWS else view)
+        return Record(
+            image=image,
+            label=label,
+            patient_id=f"{self.name}:{row['patientid']}",
+            source=self.name,
+            view="unknown" if view in UNKNOWN_VIEWS else view,
+        )

@@ -66,7 +66,9 @@ class Descriptor:
         try:
             return self.archives[key]
         except KeyError:
-            raise UserError(f"datasets/{self.name}.yaml has no archive {key!r}; it lists {', '.join(self.archives)}") from None
+            raise UserError(
+                f"datasets/{self.name}.yaml has no archive {key!r}; it lists {', '.join(self.archives)}"
+            ) from None
 
     def is_unlabelled(self, finding: str) -> bool:
         return normalise_finding(finding) in self.unlabelled
@@ -110,10 +112,29 @@ def _archive(name: str, key: str, raw: dict) -> Archive:
     if sha != UNKNOWN and not _SHA256.match(sha):
         raise UserError(f"{where}: sha256 {sha!r} is neither 64 hex digits nor 'unknown'")
     url = str(raw.get("url", UNKNOWN)).strip()
-    return Archive(key, str(raw["file"]), None if url == UNKNOWN else url, None if sha == UNKNOWN else sha, str(raw.get("note", "")).strip())
+    return Archive(
+        key,
+        str(raw["file"]),
+        None if url == UNKNOWN else url,
+        None if sha == UNKNOWN else sha,
+        str(raw.get("note", "")).strip(),
+    )
 
 
-_KEYS = {"name", "title", "homepage", "licence", "citation", "dedup_priority", "kaggle_dataset", "archives", "label_map", "unlabelled", "excluded", "layout"}
+_KEYS = {
+    "name",
+    "title",
+    "homepage",
+    "licence",
+    "citation",
+    "dedup_priority",
+    "kaggle_dataset",
+    "archives",
+    "label_map",
+    "unlabelled",
+    "excluded",
+    "layout",
+}
 
 
 def parse_descriptor(name: str, raw: dict) -> Descriptor:
@@ -126,7 +147,9 @@ def parse_descriptor(name: str, raw: dict) -> Descriptor:
     label_map = {}
     for finding, label in (raw.get("label_map") or {}).items():
         if label not in HARMONISED_LABELS:
-            raise UserError(f"{where}: label_map maps {finding!r} to {label!r}, which is not one of {', '.join(HARMONISED_LABELS)}")
+            raise UserError(
+                f"{where}: label_map maps {finding!r} to {label!r}, which is not one of {', '.join(HARMONISED_LABELS)}"
+            )
         label_map[normalise_finding(finding)] = label
     excluded = {normalise_finding(finding): str(why).strip() for finding, why in (raw.get("excluded") or {}).items()}
     both = sorted(set(excluded) & set(label_map))
@@ -152,7 +175,9 @@ def parse_descriptor(name: str, raw: dict) -> Descriptor:
 def load_descriptor(name: str) -> Descriptor:
     path = DESCRIPTOR_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise UserError(f"no descriptor {path} for source {name!r}: the installed covidxray lacks its datasets/ descriptors; reinstall it from a full checkout")
+        raise UserError(
+            f"no descriptor {path} for source {name!r}: the installed covidxray lacks its datasets/ descriptors; reinstall it from a full checkout"
+        )
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:

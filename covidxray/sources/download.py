@@ -158,7 +158,9 @@ def verify_sha256(path: Path, expected: str, origin: str = "", delete: bool = Fa
     source = f" (from {origin})" if origin else ""
     if delete:
         path.unlink()
-        action = "The file was deleted. Re-run to download it again; if it fails the same way, the upstream file changed"
+        action = (
+            "The file was deleted. Re-run to download it again; if it fails the same way, the upstream file changed"
+        )
     else:
         action = "Check that this is the right file (a complete, unmodified download)"
     raise UserError(

@@ -69,7 +69,11 @@ class DescribedSource(Source):
     def fetch(self, cache_dir: Path) -> Path:
         cache_dir = Path(cache_dir)
         self.provenance = {"licence": self.descriptor.licence, "homepage": self.descriptor.homepage}
-        tree = self._given(Path(self.options.from_path).expanduser(), cache_dir) if self.options.from_path else self._downloaded(cache_dir)
+        tree = (
+            self._given(Path(self.options.from_path).expanduser(), cache_dir)
+            if self.options.from_path
+            else self._downloaded(cache_dir)
+        )
         root = find_root(tree, self.is_root)
         if root is None:
             layout = self.descriptor.layout.splitlines()[0] if self.descriptor.layout else ""
@@ -87,7 +91,9 @@ class DescribedSource(Source):
         if not is_extracted(tree):
             path, digest = self.download(archive, cache_dir / "downloads")
             extract(path, tree, say_stderr, limits=self.extract_limits)
-            receipt.write_text(json.dumps({"file": archive.file, "url": self.options.url or archive.url, "sha256": digest}))
+            receipt.write_text(
+                json.dumps({"file": archive.file, "url": self.options.url or archive.url, "sha256": digest})
+            )
         if receipt.is_file():
             self.provenance.update(json.loads(receipt.read_text()))
         return tree
@@ -97,11 +103,19 @@ class DescribedSource(Source):
             self.provenance["from"] = str(given)
             return given
         if not given.is_file():
-            raise UserError(f"{self.name}: from_path {given} does not exist; give the collection's archive or unpacked folder")
+            raise UserError(
+                f"{self.name}: from_path {given} does not exist; give the collection's archive or unpacked folder"
+            )
         expected = self.options.sha256
         # One unpack folder per distinct archive path, so two archives of the same name never mix.
         tag = hashlib.sha256(str(given.resolve()).encode()).hexdigest()[:10]
         tree = cache_dir / "from" / f"{archive_stem(given.name)}-{tag}"
-        extract(given, tree, say_stderr, verify=(lambda path: verify_sha256(path, expected)) if expected else None, limits=self.extract_limits)
+        extract(
+            given,
+            tree,
+            say_stderr,
+            verify=(lambda path: verify_sha256(path, expected)) if expected else None,
+            limits=self.extract_limits,
+        )
         self.provenance.update({"from": str(given), **({"sha256": expected} if expected else {})})
         return tree

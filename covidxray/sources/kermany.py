@@ -39,7 +39,9 @@ class KermanySource(DescribedSource):
         if self.options.part not in PARTS:
             raise ConfigError(f"data.sources.kermany.part: {self.options.part!r} is not one of {', '.join(PARTS)}")
         if self.options.version not in VERSIONS:
-            raise ConfigError(f"data.sources.kermany.version: {self.options.version!r} is not one of {', '.join(map(str, VERSIONS))}")
+            raise ConfigError(
+                f"data.sources.kermany.version: {self.options.version!r} is not one of {', '.join(map(str, VERSIONS))}"
+            )
 
     def archive(self) -> Archive:
         return self.descriptor.archive(f"v{self.options.version}-{self.options.part}")
@@ -49,4 +51,6 @@ class KermanySource(DescribedSource):
 
     def records(self, root: Path) -> Iterator[Record | Dropped]:
         part = self.options.part
-        return zhanglab.records(self.name, root, self.descriptor, part=part, view="frontal" if part == "chest" else "oct")
+        return zhanglab.records(
+            self.name, root, self.descriptor, part=part, view="frontal" if part == "chest" else "oct"
+        )

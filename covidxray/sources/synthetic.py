@@ -104,7 +104,9 @@ def render_phantom(label: str, anatomy: dict, size: int, rng) -> np.ndarray:
     """One radiograph of a patient: anatomy, the class finding, then pose, exposure and noise."""
     image = np.full((size, size), 15.0, np.float32)
     body = np.zeros((size, size), np.float32)
-    cv2.ellipse(body, (size // 2, int(size * 0.55)), (int(size * anatomy["body_w"]), int(size * 0.5)), 0, 0, 360, 1.0, -1)
+    cv2.ellipse(
+        body, (size // 2, int(size * 0.55)), (int(size * anatomy["body_w"]), int(size * 0.5)), 0, 0, 360, 1.0, -1
+    )
     image += anatomy["tissue"] * cv2.GaussianBlur(body, (0, 0), size * 0.03)
     lungs = _lung_masks(size, anatomy)
     image -= 85 * np.maximum(*lungs)
@@ -113,7 +115,16 @@ def render_phantom(label: str, anatomy: dict, size: int, rng) -> np.ndarray:
     while y < anatomy["lung_cy"] + anatomy["lung_h"]:
         for side in (-1, 1):
             centre = (int(size * 0.5), int(size * (y - 0.05)))
-            cv2.ellipse(ribs, centre, (int(size * 0.3), int(size * 0.08)), 0, 0 if side > 0 else 90, 90 if side > 0 else 180, 1.0, max(1, size // 90))
+            cv2.ellipse(
+                ribs,
+                centre,
+                (int(size * 0.3), int(size * 0.08)),
+                0,
+                0 if side > 0 else 90,
+                90 if side > 0 else 180,
+                1.0,
+                max(1, size // 90),
+            )
         y += anatomy["rib_gap"]
     image += 22 * cv2.GaussianBlur(ribs, (0, 0), size * 0.004) * np.maximum(*lungs)
     image += 70 * _gaussian(size, 0.5, 0.5, 0.035, 0.5)  # spine and mediastinum

@@ -74,7 +74,9 @@ def is_split_tree(folder: Path, classes: tuple[str, ...]) -> bool:
     return any((folder / split / cls).is_dir() for split in SPLITS for cls in classes)
 
 
-def records(source: str, root: Path, descriptor: Descriptor, part: str = "", view: str = "frontal") -> Iterator[Record | Dropped]:
+def records(
+    source: str, root: Path, descriptor: Descriptor, part: str = "", view: str = "frontal"
+) -> Iterator[Record | Dropped]:
     """Walk `root/<split>/<CLASS>/`; `part` ('chest', 'oct' or '') prefixes label keys and patient ids."""
     prefix = f"{part}/" if part else ""
     for item in list_images(root):
@@ -90,7 +92,11 @@ def records(source: str, root: Path, descriptor: Descriptor, part: str = "", vie
             known_class = descriptor.label_for(prefix + class_dir.name) is not None
             for item in list_images(class_dir):
                 if isinstance(item, Dropped) or not known_class:
-                    yield item if isinstance(item, Dropped) else Dropped(f"unknown class folder {class_dir.name!r}", str(item))
+                    yield (
+                        item
+                        if isinstance(item, Dropped)
+                        else Dropped(f"unknown class folder {class_dir.name!r}", str(item))
+                    )
                     continue
                 parsed = parse_name(item.stem)
                 if parsed is None:
@@ -102,4 +108,6 @@ def records(source: str, root: Path, descriptor: Descriptor, part: str = "", vie
                     continue
                 label = descriptor.label_for(f"{prefix}{class_dir.name}" + (f"/{token}" if token else ""))
                 patient_id = f"{source}:{prefix.replace('/', ':')}{patient}"
-                yield Record(image=item, label=label, patient_id=patient_id, source=source, view=view, original_split=split)
+                yield Record(
+                    image=item, label=label, patient_id=patient_id, source=source, view=view, original_split=split
+                )

@@ -78,4 +78,3 @@ def _average_over_ranks(norms: list, used: int, world: World) -> None:
 def batches_per_rank(images: int, batch_size: int, world_size: int) -> int:
     """Each rank's share of the `images` used to re-estimate the statistics (at least one batch)."""
     return max(1, math.ceil(images / (batch_size * world_size)))
-

@@ -49,8 +49,13 @@ def unseen_sources(manifest: dict) -> set[str]:
     return unseen | ({held_out} if held_out else set())
 
 
-def per_source_report(labels: np.ndarray, probabilities: np.ndarray, sources: np.ndarray, manifest: dict,
-                      report: Callable[[np.ndarray, np.ndarray], dict]) -> dict:
+def per_source_report(
+    labels: np.ndarray,
+    probabilities: np.ndarray,
+    sources: np.ndarray,
+    manifest: dict,
+    report: Callable[[np.ndarray, np.ndarray], dict],
+) -> dict:
     """`report(labels, probabilities)` on each source's subset of the test split, with its class counts, ECE and
     whether train saw the source (`unseen`, `train_images`)."""
     names = manifest["labels"]
@@ -68,4 +73,3 @@ def per_source_report(labels: np.ndarray, probabilities: np.ndarray, sources: np
             "unseen": source in unseen,
         }
     return out
-

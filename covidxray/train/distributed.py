@@ -59,7 +59,10 @@ class HorovodTuning:
         manager dereferences a null pointer when an elastic job re-forms after losing a worker (segfault in
         ParameterManager::BayesianParameter::SetValue; tests/test_horovod.py's elastic tests).
         """
-        wanted = {"HOROVOD_FUSION_THRESHOLD": str(self.fusion_buffer_mb * 2**20), "HOROVOD_CYCLE_TIME": repr(float(self.cycle_time_ms))}
+        wanted = {
+            "HOROVOD_FUSION_THRESHOLD": str(self.fusion_buffer_mb * 2**20),
+            "HOROVOD_CYCLE_TIME": repr(float(self.cycle_time_ms)),
+        }
         return {name: None if value == HOROVOD_DEFAULTS[name] else value for name, value in wanted.items()}
 
     def apply(self, elastic: bool) -> None:
@@ -77,7 +80,11 @@ class HorovodTuning:
                 os.environ[name] = value
 
     def record(self) -> dict:
-        return {"gradient_compression": self.gradient_compression, "fusion_buffer_mb": self.fusion_buffer_mb, "cycle_time_ms": self.cycle_time_ms}
+        return {
+            "gradient_compression": self.gradient_compression,
+            "fusion_buffer_mb": self.fusion_buffer_mb,
+            "cycle_time_ms": self.cycle_time_ms,
+        }
 
     def compression(self, hvd):
         return hvd.Compression.fp16 if self.gradient_compression == "fp16" else hvd.Compression.none
@@ -223,7 +230,9 @@ def check_launch_mode(elastic: bool) -> None:
             "--host-discovery-script scripts/discover_hosts.sh covidxray train --elastic ..."
         )
     if launched_elastic() and not elastic:
-        raise UserError("this job was launched elastically (horovodrun --min-np/--max-np/--host-discovery-script): add --elastic")
+        raise UserError(
+            "this job was launched elastically (horovodrun --min-np/--max-np/--host-discovery-script): add --elastic"
+        )
 
 
 def init_world(tuning: HorovodTuning = HorovodTuning()) -> World:
@@ -278,8 +287,11 @@ def horovod_build() -> dict:
         "frameworks": {name: bool(util.extension_available(name)) for name in ("tensorflow", "torch", "mxnet")},
         "controllers": {"gloo": bool(util.gloo_built()), "mpi": bool(util.mpi_built())},
         "tensor_operations": {
-            "gloo": bool(util.gloo_built()), "mpi": bool(util.mpi_built()), "nccl": bool(util.nccl_built()),
-            "ddl": bool(util.ddl_built()), "ccl": bool(util.ccl_built()),
+            "gloo": bool(util.gloo_built()),
+            "mpi": bool(util.mpi_built()),
+            "nccl": bool(util.nccl_built()),
+            "ddl": bool(util.ddl_built()),
+            "ccl": bool(util.ccl_built()),
         },
         "mpirun": mpirun or "",
         # horovodrun --mpi recognises MPICH only when `mpirun --version` says "MPICH"; Debian's

@@ -45,7 +45,9 @@ CALIBRATION_BINS = 15
 BATCH = 64
 
 
-def predict_split(model, data_dir: Path, split: str, image_size: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+def predict_split(
+    model, data_dir: Path, split: str, image_size: int, num_classes: int
+) -> tuple[np.ndarray, np.ndarray]:
     from covidxray.train.input import make_dataset, predict_batches
 
     paths = shard_paths(data_dir, split)
@@ -59,7 +61,9 @@ def choose_thresholds(labels: np.ndarray, probabilities: np.ndarray) -> list[flo
     return [youden_threshold(labels == c, probabilities[:, c]) for c in range(probabilities.shape[1])]
 
 
-def classification_report(labels: np.ndarray, probabilities: np.ndarray, class_names: list[str], thresholds: list[float | None]) -> dict:
+def classification_report(
+    labels: np.ndarray, probabilities: np.ndarray, class_names: list[str], thresholds: list[float | None]
+) -> dict:
     """Accuracy, confusion matrix and per-class metrics, both for the argmax call and at each class's threshold."""
     predicted = probabilities.argmax(1)
     per_class = {}
@@ -70,7 +74,9 @@ def classification_report(labels: np.ndarray, probabilities: np.ndarray, class_n
             "support": int(is_class.sum()),
             "roc_auc": roc_auc(is_class, probabilities[:, c]),
             "argmax": binary_rates(is_class, predicted == c),
-            "operating_point": None if threshold is None else {"threshold": threshold, **binary_rates(is_class, probabilities[:, c] >= threshold)},
+            "operating_point": None
+            if threshold is None
+            else {"threshold": threshold, **binary_rates(is_class, probabilities[:, c] >= threshold)},
         }
     return {
         "images": int(labels.size),
@@ -88,8 +94,8 @@ def calibration_report(labels: np.ndarray, probabilities: np.ndarray, bins: int 
         "classwise_ece": classwise_expected_calibration_error(labels, probabilities, bins),
         "bins": bins,
         "binning": f"{bins} equal-width bins over (0, 1] of the top-class probability; ECE = sum over bins of "
-                   "(share of images) x |accuracy - mean top-class probability|. classwise_ece: the same on every "
-                   "class's probability against that class's frequency, averaged over classes",
+        "(share of images) x |accuracy - mean top-class probability|. classwise_ece: the same on every "
+        "class's probability against that class's frequency, averaged over classes",
         "reliability": reliability_bins(labels, probabilities, bins),
     }
 
@@ -116,7 +122,13 @@ def plot_roc(path: Path, labels: np.ndarray, probabilities: np.ndarray, report: 
         if point and point["sensitivity"] is not None and point["specificity"] is not None:
             axes.plot(1 - point["specificity"], point["sensitivity"], "o", color=line.get_color())
     axes.plot([0, 1], [0, 1], ":", color="gray")
-    axes.set(xlabel="1 - specificity", ylabel="sensitivity", title="Test ROC, one vs rest (dots: val-chosen thresholds)", xlim=(0, 1), ylim=(0, 1.02))
+    axes.set(
+        xlabel="1 - specificity",
+        ylabel="sensitivity",
+        title="Test ROC, one vs rest (dots: val-chosen thresholds)",
+        xlim=(0, 1),
+        ylim=(0, 1.02),
+    )
     axes.legend(loc="lower right")
     _save_figure(figure, path)
     plt.close(figure)
@@ -133,9 +145,18 @@ def plot_confusion(path: Path, report: dict) -> None:
     figure, axes = plt.subplots(figsize=(1.4 * len(names) + 2, 1.4 * len(names) + 1.5))
     axes.imshow(matrix, cmap="Blues")
     for (row, col), count in np.ndenumerate(matrix):
-        axes.text(col, row, str(count), ha="center", va="center", color="white" if count > matrix.max() / 2 else "black")
-    axes.set(xticks=range(len(names)), yticks=range(len(names)), xticklabels=names, yticklabels=names,
-             xlabel="predicted", ylabel="true", title=f"Test confusion matrix (accuracy {report['accuracy']:.3f})")
+        axes.text(
+            col, row, str(count), ha="center", va="center", color="white" if count > matrix.max() / 2 else "black"
+        )
+    axes.set(
+        xticks=range(len(names)),
+        yticks=range(len(names)),
+        xticklabels=names,
+        yticklabels=names,
+        xlabel="predicted",
+        ylabel="true",
+        title=f"Test confusion matrix (accuracy {report['accuracy']:.3f})",
+    )
     _save_figure(figure, path)
     plt.close(figure)
 
@@ -149,10 +170,27 @@ def plot_reliability(path: Path, calibration: dict) -> None:
     table = [b for b in calibration["reliability"] if b["count"]]
     width = 1 / calibration["bins"]
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    top.bar([b["low"] for b in table], [b["accuracy"] for b in table], width=width, align="edge", edgecolor="black", label="accuracy in bin")
-    top.plot([b["confidence"] for b in table], [b["accuracy"] for b in table], "o", color="tab:red", label="(mean confidence, accuracy)")
+    top.bar(
+        [b["low"] for b in table],
+        [b["accuracy"] for b in table],
+        width=width,
+        align="edge",
+        edgecolor="black",
+        label="accuracy in bin",
+    )
+    top.plot(
+        [b["confidence"] for b in table],
+        [b["accuracy"] for b in table],
+        "o",
+        color="tab:red",
+        label="(mean confidence, accuracy)",
+    )
     top.plot([0, 1], [0, 1], ":", color="gray", label="perfect calibration")
-    top.set(ylabel="accuracy", ylim=(0, 1.02), title=f"Test reliability (ECE {calibration['ece']:.3f}, {calibration['bins']} bins)")
+    top.set(
+        ylabel="accuracy",
+        ylim=(0, 1.02),
+        title=f"Test reliability (ECE {calibration['ece']:.3f}, {calibration['bins']} bins)",
+    )
     top.legend(loc="upper left")
     bottom.bar([b["low"] for b in table], [b["count"] for b in table], width=width, align="edge", color="gray")
     bottom.set(xlabel="top-class probability", ylabel="images", xlim=(0, 1))
@@ -181,29 +219,50 @@ def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
         raise AssertionError("the test records' sources are not in the order the predictions were made")
     thresholds = choose_thresholds(val_labels, val_probs)
     report = classification_report(test_labels, test_probs, names, thresholds)
-    report.update({
-        "calibration": calibration_report(test_labels, test_probs),
-        "per_source": per_source_report(test_labels, test_probs, test_sources, manifest,
-                                        lambda labels, probabilities: classification_report(labels, probabilities, names, thresholds)),
-        "split": "test",
-        "thresholds": {"chosen_on": "val", "rule": "Youden J (sensitivity + specificity - 1), one vs rest",
-                       "val_images": int(val_labels.size), "per_class": dict(zip(names, thresholds))},
-        "model": {"file": str(model_path), "architecture": card.get("model"), "best_epoch": card.get("best", {}).get("epoch")},
-        "data_dir": str(data_dir),
-        "data_is_training_data": same_data,
-    })
+    report.update(
+        {
+            "calibration": calibration_report(test_labels, test_probs),
+            "per_source": per_source_report(
+                test_labels,
+                test_probs,
+                test_sources,
+                manifest,
+                lambda labels, probabilities: classification_report(labels, probabilities, names, thresholds),
+            ),
+            "split": "test",
+            "thresholds": {
+                "chosen_on": "val",
+                "rule": "Youden J (sensitivity + specificity - 1), one vs rest",
+                "val_images": int(val_labels.size),
+                "per_class": dict(zip(names, thresholds)),
+            },
+            "model": {
+                "file": str(model_path),
+                "architecture": card.get("model"),
+                "best_epoch": card.get("best", {}).get("epoch"),
+            },
+            "data_dir": str(data_dir),
+            "data_is_training_data": same_data,
+        }
+    )
     write_json(run_dir / EVALUATION, report)
     plot_roc(run_dir / ROC_PLOT, test_labels, test_probs, report)
     plot_confusion(run_dir / CONFUSION_PLOT, report)
     plot_reliability(run_dir / RELIABILITY_PLOT, report["calibration"])
 
-    say(f"test: {report['images']} images, accuracy {report['accuracy']:.3f}, macro ROC AUC {_fmt(report['macro_roc_auc'])}")
+    say(
+        f"test: {report['images']} images, accuracy {report['accuracy']:.3f}, macro ROC AUC {_fmt(report['macro_roc_auc'])}"
+    )
     for name, entry in report["per_class"].items():
         point = entry["operating_point"] or {}
-        say(f"  {name:12s} AUC {_fmt(entry['roc_auc'])}  at val threshold {_fmt(point.get('threshold'))}: "
-            f"sensitivity {_fmt(point.get('sensitivity'))} specificity {_fmt(point.get('specificity'))} PPV {_fmt(point.get('ppv'))}")
+        say(
+            f"  {name:12s} AUC {_fmt(entry['roc_auc'])}  at val threshold {_fmt(point.get('threshold'))}: "
+            f"sensitivity {_fmt(point.get('sensitivity'))} specificity {_fmt(point.get('specificity'))} PPV {_fmt(point.get('ppv'))}"
+        )
     calibration = report["calibration"]
-    say(f"  calibration: ECE {calibration['ece']:.3f} (top class, {calibration['bins']} equal-width bins), classwise ECE {calibration['classwise_ece']:.3f}")
+    say(
+        f"  calibration: ECE {calibration['ece']:.3f} (top class, {calibration['bins']} equal-width bins), classwise ECE {calibration['classwise_ece']:.3f}"
+    )
     say("per source (a class recognised only across sources may be the source, not the disease):")
     for source, entry in report["per_source"].items():
         say(describe_source(source, entry))
@@ -214,9 +273,14 @@ def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
 def describe_source(source: str, entry: dict) -> str:
     tag = f" ({UNSEEN}: not in train, a generalisation figure)" if entry["unseen"] else ""
     counts = ", ".join(f"{name} {n}" for name, n in entry["classes"].items() if n)
-    rates = "; ".join(f"{name} {_fmt(e['argmax']['sensitivity'])}/{_fmt(e['argmax']['specificity'])}" for name, e in entry["per_class"].items())
-    return (f"  {source}{tag}: {entry['images']} images ({counts}), accuracy {entry['accuracy']:.3f}, "
-            f"macro AUC {_fmt(entry['macro_roc_auc'])}, ECE {entry['ece']:.3f}; argmax sensitivity/specificity {rates}")
+    rates = "; ".join(
+        f"{name} {_fmt(e['argmax']['sensitivity'])}/{_fmt(e['argmax']['specificity'])}"
+        for name, e in entry["per_class"].items()
+    )
+    return (
+        f"  {source}{tag}: {entry['images']} images ({counts}), accuracy {entry['accuracy']:.3f}, "
+        f"macro AUC {_fmt(entry['macro_roc_auc'])}, ECE {entry['ece']:.3f}; argmax sensitivity/specificity {rates}"
+    )
 
 
 def _fmt(value: float | None) -> str:

@@ -53,7 +53,9 @@ def rank_records(shards: RankShards, rank: int, size: int, training: bool, seed:
         files = files.shuffle(len(shards.files), seed=file_seed, reshuffle_each_iteration=True)
     deterministic = shards.record_level or not training
     cycle = min(4, len(shards.files))
-    records = files.interleave(tf.data.TFRecordDataset, cycle_length=cycle, num_parallel_calls=cycle, deterministic=deterministic)
+    records = files.interleave(
+        tf.data.TFRecordDataset, cycle_length=cycle, num_parallel_calls=cycle, deterministic=deterministic
+    )
     return records.shard(size, rank) if shards.record_level else records
 
 

@@ -58,11 +58,21 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     model = build_model(cfg.model, image_size, len(labels), cfg.weights)
     optimizer = tf.keras.optimizers.Adam(cfg.learning_rate)
     loss_fn = tf.keras.losses.CategoricalCrossentropy()
-    shards = [path for path in shard_paths(data_dir, "train") if path.is_file()]  # a board may hold only its ranks' shards
+    shards = [
+        path for path in shard_paths(data_dir, "train") if path.is_file()
+    ]  # a board may hold only its ranks' shards
     if not shards:
         raise SystemExit(f"no train shard of {data_dir / 'manifest.json'} on this board")
-    dataset, _ = make_dataset(shards, image_size=image_size, num_classes=len(labels), batch_size=cfg.batch_size,
-                              training=True, augment=cfg.augment, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed)
+    dataset, _ = make_dataset(
+        shards,
+        image_size=image_size,
+        num_classes=len(labels),
+        batch_size=cfg.batch_size,
+        training=True,
+        augment=cfg.augment,
+        shuffle_buffer=cfg.shuffle_buffer,
+        seed=cfg.seed,
+    )
 
     @tf.function
     def step(images, one_hot):
@@ -76,13 +86,20 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
 
     for images, one_hot in dataset.take(steps):
         step(images, one_hot)
-    validation, _ = make_dataset([path for path in shard_paths(data_dir, "val") if path.is_file()] or shards, image_size=image_size,
-                                 num_classes=len(labels), batch_size=cfg.batch_size)
+    validation, _ = make_dataset(
+        [path for path in shard_paths(data_dir, "val") if path.is_file()] or shards,
+        image_size=image_size,
+        num_classes=len(labels),
+        batch_size=cfg.batch_size,
+    )
     for images, _ in validation.take(steps):  # each epoch ends with predictions on the val split (a second graph)
         model.predict_on_batch(images)
     return {
         "peak_rss_mb": round(peak_rss_mb(), 1),
-        "model": cfg.model, "image_size": image_size, "batch_size": cfg.batch_size, "steps": steps,
+        "model": cfg.model,
+        "image_size": image_size,
+        "batch_size": cfg.batch_size,
+        "steps": steps,
         "horovod": tuning.record() if average is not None else None,
     }
 

@@ -65,7 +65,10 @@ def binary_rates(is_positive: np.ndarray, called_positive: np.ndarray) -> dict:
         "sensitivity": _ratio(tp, tp + fn),
         "specificity": _ratio(tn, tn + fp),
         "ppv": _ratio(tp, tp + fp),
-        "tp": tp, "fp": fp, "fn": fn, "tn": tn,
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+        "tn": tn,
     }
 
 
@@ -100,11 +103,15 @@ def reliability_bins(labels: np.ndarray, probabilities: np.ndarray, bins: int = 
     for b in range(bins):
         members = which == b
         count = int(members.sum())
-        table.append({
-            "low": b / bins, "high": (b + 1) / bins, "count": count,
-            "accuracy": float(correct[members].mean()) if count else None,
-            "confidence": float(confidence[members].mean()) if count else None,
-        })
+        table.append(
+            {
+                "low": b / bins,
+                "high": (b + 1) / bins,
+                "count": count,
+                "accuracy": float(correct[members].mean()) if count else None,
+                "confidence": float(confidence[members].mean()) if count else None,
+            }
+        )
     return table
 
 
@@ -132,6 +139,8 @@ def classwise_expected_calibration_error(labels: np.ndarray, probabilities: np.n
     for c in range(probabilities.shape[1]):
         scores, is_class = probabilities[:, c], labels == c
         which = _calibration_bin(scores, bins)
-        gap = sum(abs(is_class[which == b].mean() - scores[which == b].mean()) * (which == b).sum() for b in np.unique(which))
+        gap = sum(
+            abs(is_class[which == b].mean() - scores[which == b].mean()) * (which == b).sum() for b in np.unique(which)
+        )
         per_class.append(gap / labels.size)
     return float(np.mean(per_class))

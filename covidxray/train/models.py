@@ -45,7 +45,9 @@ def _checked_weights(weights: str) -> str | None:
     if not weights:
         return None
     if not Path(weights).is_file():
-        raise UserError(f"weights file {weights} not found (train.weights: a file, or {IMAGENET} for the Keras applications)")
+        raise UserError(
+            f"weights file {weights} not found (train.weights: a file, or {IMAGENET} for the Keras applications)"
+        )
     return weights
 
 
@@ -67,12 +69,16 @@ def small_cnn(image_size: int, num_classes: int, weights: str = "") -> tf.keras.
     outputs = layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
     model = tf.keras.Model(inputs, outputs, name="small_cnn")
     if weights == IMAGENET:
-        raise UserError(f"small_cnn has no ImageNet weights (train.weights: {IMAGENET} is for mobilenet_v3_small and efficientnet_b0)")
+        raise UserError(
+            f"small_cnn has no ImageNet weights (train.weights: {IMAGENET} is for mobilenet_v3_small and efficientnet_b0)"
+        )
     if _checked_weights(weights):
         try:
             model.load_weights(weights)
         except (ValueError, OSError, tf.errors.OpError) as err:
-            raise UserError(f"weights file {weights} does not fit small_cnn at {image_size} px / {num_classes} classes: {err}") from None
+            raise UserError(
+                f"weights file {weights} does not fit small_cnn at {image_size} px / {num_classes} classes: {err}"
+            ) from None
     return model
 
 
@@ -88,9 +94,13 @@ def _application(application: str, name: str) -> Builder:
         rgb = layers.Concatenate()([inputs, inputs, inputs])  # backbones expect 3 channels of 0..255
         weights_file = cached_imagenet_file(name) if weights == IMAGENET else _checked_weights(weights)
         try:
-            backbone = backbone_fn(include_top=False, weights=weights_file, input_shape=(image_size, image_size, 3), pooling="avg")
+            backbone = backbone_fn(
+                include_top=False, weights=weights_file, input_shape=(image_size, image_size, 3), pooling="avg"
+            )
         except (ValueError, OSError) as err:
-            raise UserError(f"weights file {weights} is not {name} backbone weights (include_top=False): {err}") from None
+            raise UserError(
+                f"weights file {weights} is not {name} backbone weights (include_top=False): {err}"
+            ) from None
         x = layers.Dropout(0.2)(backbone(rgb))
         outputs = layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
         return tf.keras.Model(inputs, outputs, name=name)
@@ -98,10 +108,12 @@ def _application(application: str, name: str) -> Builder:
     return build
 
 
-register_model("mobilenet_v3_small", "MobileNetV3-Small backbone under a gray-input softmax head (ImageNet weights available)")(
-    _application("MobileNetV3Small", "mobilenet_v3_small"))
-register_model("efficientnet_b0", "EfficientNet-B0 backbone under a gray-input softmax head (ImageNet weights available)")(
-    _application("EfficientNetB0", "efficientnet_b0"))
+register_model(
+    "mobilenet_v3_small", "MobileNetV3-Small backbone under a gray-input softmax head (ImageNet weights available)"
+)(_application("MobileNetV3Small", "mobilenet_v3_small"))
+register_model(
+    "efficientnet_b0", "EfficientNet-B0 backbone under a gray-input softmax head (ImageNet weights available)"
+)(_application("EfficientNetB0", "efficientnet_b0"))
 
 
 def build_model(name: str, image_size: int, num_classes: int, weights: str = "") -> tf.keras.Model:

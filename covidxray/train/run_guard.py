@@ -37,7 +37,11 @@ def training_settings(config: Config) -> dict:
 
 def _rank_shards(world, data_dir: Path, manifest: dict) -> tuple[list[str], str | None]:
     """(the train and val shard files this rank reads, what is wrong with them or None)."""
-    files = [f for split in ("train", "val") for f in assign_shards(shard_paths(data_dir, split), world.rank, world.size).files]
+    files = [
+        f
+        for split in ("train", "val")
+        for f in assign_shards(shard_paths(data_dir, split), world.rank, world.size).files
+    ]
     problems = shard_problems(data_dir, manifest, files)
     if not (problems["missing"] or problems["sha256_mismatch"]):
         return files, None
@@ -54,24 +58,35 @@ def _resume_error(run_dir: Path, inputs: dict, force: bool, say: Callable[[str],
     except (ValueError, KeyError, TypeError) as err:
         if force:
             return None
-        return (f"{path} is damaged ({err.__class__.__name__}), so it is unknown what this run was trained with; "
-                "resume with --resume --force if you are sure the config and data are the same, or start over without --resume")
-    differences = [f"data set ({MANIFEST} content sha256 {saved_data[:12]} then, {inputs['data_sha256'][:12]} now)"] \
-        if saved_data != inputs["data_sha256"] else []
+        return (
+            f"{path} is damaged ({err.__class__.__name__}), so it is unknown what this run was trained with; "
+            "resume with --resume --force if you are sure the config and data are the same, or start over without --resume"
+        )
+    differences = (
+        [f"data set ({MANIFEST} content sha256 {saved_data[:12]} then, {inputs['data_sha256'][:12]} now)"]
+        if saved_data != inputs["data_sha256"]
+        else []
+    )
     settings = inputs["train"]
-    differences += [f"train.{key} ({saved_settings.get(key)!r} then, {settings.get(key)!r} now)"
-                    for key in sorted(set(saved_settings) | set(settings)) if saved_settings.get(key) != settings.get(key)]
+    differences += [
+        f"train.{key} ({saved_settings.get(key)!r} then, {settings.get(key)!r} now)"
+        for key in sorted(set(saved_settings) | set(settings))
+        if saved_settings.get(key) != settings.get(key)
+    ]
     if not differences:
         return None
     if force:
         say(f"--force: resuming {run_dir} although these differ: {'; '.join(differences)}")
         return None
-    return (f"--resume would continue {run_dir} with a different {'; '.join(differences)}. Resume with the config and data "
-            "it was trained with, start a new --run-dir, or add --force to continue anyway")
+    return (
+        f"--resume would continue {run_dir} with a different {'; '.join(differences)}. Resume with the config and data "
+        "it was trained with, start a new --run-dir, or add --force to continue anyway"
+    )
 
 
-def check_before_training(world, config: Config, data_dir: Path, manifest: dict, resume: bool, force: bool,
-                          say: Callable[[str], None]) -> None:
+def check_before_training(
+    world, config: Config, data_dir: Path, manifest: dict, resume: bool, force: bool, say: Callable[[str], None]
+) -> None:
     """Raise the same UserError on every rank when a shard is damaged or a resume does not match; else record the inputs."""
     started = time.perf_counter()
     run_dir = Path(config.train.run_dir)

@@ -37,7 +37,13 @@ class LearningRateSchedule(tf.keras.callbacks.Callback):
 
     def __init__(self, peak: float, warmup_epochs: float, epochs: int, steps_per_epoch: int, schedule: str):
         super().__init__()
-        self.peak, self.warmup_epochs, self.epochs, self.steps, self.schedule = peak, warmup_epochs, epochs, steps_per_epoch, schedule
+        self.peak, self.warmup_epochs, self.epochs, self.steps, self.schedule = (
+            peak,
+            warmup_epochs,
+            epochs,
+            steps_per_epoch,
+            schedule,
+        )
         self.epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -45,4 +51,7 @@ class LearningRateSchedule(tf.keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         progress = self.epoch + (batch + 1) / self.steps
-        tf.keras.backend.set_value(self.model.optimizer.learning_rate, learning_rate_at(progress, self.peak, self.warmup_epochs, self.epochs, self.schedule))
+        tf.keras.backend.set_value(
+            self.model.optimizer.learning_rate,
+            learning_rate_at(progress, self.peak, self.warmup_epochs, self.epochs, self.schedule),
+        )

@@ -103,11 +103,29 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
     or None.
     """
 
-    def __init__(self, world: World, state, *, val_ds: tf.data.Dataset, recalibration: tuple[tf.data.Dataset, int] | None,
-                 patience: int, run_dir: Path, header: dict, images_per_epoch: int, checkpoint: tf.train.Checkpoint,
-                 card: dict, say: Callable[[str], None]):
+    def __init__(
+        self,
+        world: World,
+        state,
+        *,
+        val_ds: tf.data.Dataset,
+        recalibration: tuple[tf.data.Dataset, int] | None,
+        patience: int,
+        run_dir: Path,
+        header: dict,
+        images_per_epoch: int,
+        checkpoint: tf.train.Checkpoint,
+        card: dict,
+        say: Callable[[str], None],
+    ):
         super().__init__()
-        self.world, self.state, self.val_ds, self.recalibration, self.patience = world, state, val_ds, recalibration, patience
+        self.world, self.state, self.val_ds, self.recalibration, self.patience = (
+            world,
+            state,
+            val_ds,
+            recalibration,
+            patience,
+        )
         self.run_dir, self.header, self.images_per_epoch = run_dir, header, images_per_epoch
         self.checkpoint, self.card, self.say = checkpoint, card, say
         self.average_over_ranks = world.metric_averager()
@@ -142,8 +160,15 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
         seconds = max(self.last_batch_end - self.started, 1e-6)
         rates = self.world.allgather_object(round(self.images_per_epoch / seconds, 1))
         lr = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
-        entry = {"epoch": training.epoch, "seconds": round(seconds, 2), "lr": lr, "world_size": self.world.size,
-                 "steps": self.header["steps_per_epoch"], "images_per_s_per_rank": rates, **metrics}
+        entry = {
+            "epoch": training.epoch,
+            "seconds": round(seconds, 2),
+            "lr": lr,
+            "world_size": self.world.size,
+            "steps": self.header["steps_per_epoch"],
+            "images_per_s_per_rank": rates,
+            **metrics,
+        }
         training = training.logged(entry)
         if self.world.is_root:
             write_json(self.run_dir / TRAIN_LOG, {**self.header, "epochs": training.history})
@@ -171,10 +196,16 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
         os.replace(tmp, root / name)
         if training.best.get("epoch") == training.epoch:
             self.save_best_model(training.best)
-        write_latest(self.run_dir, {
-            "epoch": training.epoch, "path": name, "best": training.best, "epochs_since_best": training.epochs_since_best,
-            "optimizer_steps": int(self.model.optimizer.iterations.numpy()),
-        })
+        write_latest(
+            self.run_dir,
+            {
+                "epoch": training.epoch,
+                "path": name,
+                "best": training.best,
+                "epochs_since_best": training.epochs_since_best,
+                "optimizer_steps": int(self.model.optimizer.iterations.numpy()),
+            },
+        )
         older = [p for p in sorted(root.glob("epoch-*")) if p.name != name]
         for old in older[: max(0, len(older) - (KEEP_CHECKPOINTS - 1))]:
             shutil.rmtree(old, ignore_errors=True)
@@ -194,8 +225,10 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
 
 
 def collapse_warning(epoch: int) -> str:
-    return (f"warning: after epoch {epoch} every validation image is predicted as the same class: the model is a "
-            "constant predictor so far (see docs/training.md, 'A constant predictor')")
+    return (
+        f"warning: after epoch {epoch} every validation image is predicted as the same class: the model is a "
+        "constant predictor so far (see docs/training.md, 'A constant predictor')"
+    )
 
 
 def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> TrainingState | None:
@@ -206,11 +239,16 @@ def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> TrainingState | 
     try:
         checkpoint.read(str(run_dir / CHECKPOINTS / saved["path"] / "ckpt")).assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as err:
-        raise UserError(f"{run_dir / CHECKPOINTS / LATEST}: checkpoint {saved['path']} does not fit this model/config ({err}); resume with the config it was trained with") from None
+        raise UserError(
+            f"{run_dir / CHECKPOINTS / LATEST}: checkpoint {saved['path']} does not fit this model/config ({err}); resume with the config it was trained with"
+        ) from None
     log_path = run_dir / TRAIN_LOG
     try:
         history = json.loads(log_path.read_text()).get("epochs", []) if log_path.is_file() else []
-    except (ValueError, AttributeError):  # a damaged log only loses the per-epoch history of a run whose weights are intact
+    except (
+        ValueError,
+        AttributeError,
+    ):  # a damaged log only loses the per-epoch history of a run whose weights are intact
         history = []
     return TrainingState(
         epoch=int(saved["epoch"]),
@@ -267,52 +305,118 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
             training = restored or training
     state = world.make_state(model, optimizer, training)
     card = {
-        "labels": labels, "image_size": image_size, "task": manifest["task"], "model": cfg.model,
-        "preprocessing": PREPROCESSING_VERSION, "manifest_sha256": manifest_sha256(data_dir),
+        "labels": labels,
+        "image_size": image_size,
+        "task": manifest["task"],
+        "model": cfg.model,
+        "preprocessing": PREPROCESSING_VERSION,
+        "manifest_sha256": manifest_sha256(data_dir),
     }
-    weights = class_weights(manifest["splits"]["train"]["classes"], labels, cfg.class_weight_power) if cfg.class_weights else None
+    weights = (
+        class_weights(manifest["splits"]["train"]["classes"], labels, cfg.class_weight_power)
+        if cfg.class_weights
+        else None
+    )
 
     def attempt(state) -> dict:
         """One `fit` with the current world; elastic jobs call it again after a membership change."""
         steps_per_epoch = max(1, train_records // (cfg.batch_size * world.size))
-        data_args = dict(image_size=image_size, num_classes=len(labels), batch_size=cfg.batch_size, rank=world.rank, size=world.size, threads=world.cores_per_rank)
-        train_ds, my_shards = make_dataset(shard_paths(data_dir, "train"), training=True, augment=cfg.augment, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed, **data_args)
+        data_args = dict(
+            image_size=image_size,
+            num_classes=len(labels),
+            batch_size=cfg.batch_size,
+            rank=world.rank,
+            size=world.size,
+            threads=world.cores_per_rank,
+        )
+        train_ds, my_shards = make_dataset(
+            shard_paths(data_dir, "train"),
+            training=True,
+            augment=cfg.augment,
+            shuffle_buffer=cfg.shuffle_buffer,
+            seed=cfg.seed,
+            **data_args,
+        )
         val_ds, _ = make_dataset(shard_paths(data_dir, "val"), **data_args)
         scaled_lr = cfg.learning_rate * world.size  # the peak; LearningRateSchedule sets every step's LR
-        ranks = world.allgather_object({"rank": world.rank, "host": world.hostname, "shards": [Path(f).name for f in my_shards.files], "record_level_sharding": my_shards.record_level})
-        header = {"world_size": world.size, "elastic": world.elastic, "steps_per_epoch": steps_per_epoch, "ranks": ranks, "horovod": world.tuning.record()}
+        ranks = world.allgather_object(
+            {
+                "rank": world.rank,
+                "host": world.hostname,
+                "shards": [Path(f).name for f in my_shards.files],
+                "record_level_sharding": my_shards.record_level,
+            }
+        )
+        header = {
+            "world_size": world.size,
+            "elastic": world.elastic,
+            "steps_per_epoch": steps_per_epoch,
+            "ranks": ranks,
+            "horovod": world.tuning.record(),
+        }
         recalibration = None
         if cfg.bn_recalibration_images:
-            calibration_ds, _ = make_dataset(shard_paths(data_dir, "train"), training=True, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed + 1, **data_args)
+            calibration_ds, _ = make_dataset(
+                shard_paths(data_dir, "train"),
+                training=True,
+                shuffle_buffer=cfg.shuffle_buffer,
+                seed=cfg.seed + 1,
+                **data_args,
+            )
             recalibration = calibration_ds, batches_per_rank(cfg.bn_recalibration_images, cfg.batch_size, world.size)
         if world.is_root:  # possibly a new rank 0 on another board, whose run dir is still empty
             run_dir.mkdir(parents=True, exist_ok=True)
             config.save(run_dir / CONFIG_FILE)
         callbacks = [
             LearningRateSchedule(scaled_lr, cfg.warmup_epochs, cfg.epochs, steps_per_epoch, cfg.lr_schedule),
-            EndOfEpoch(world, state, val_ds=val_ds, recalibration=recalibration, patience=cfg.early_stopping_patience,
-                       run_dir=run_dir, header=header, images_per_epoch=steps_per_epoch * cfg.batch_size,
-                       checkpoint=checkpoint, card=card, say=say),
+            EndOfEpoch(
+                world,
+                state,
+                val_ds=val_ds,
+                recalibration=recalibration,
+                patience=cfg.early_stopping_patience,
+                run_dir=run_dir,
+                header=header,
+                images_per_epoch=steps_per_epoch * cfg.batch_size,
+                checkpoint=checkpoint,
+                card=card,
+                say=say,
+            ),
         ]
         start = state.training  # as last committed: resumed, or rolled back after a lost worker
         if start.epoch < cfg.epochs and not start.stopped_early(cfg.early_stopping_patience):
-            say(f"training {cfg.model} on {train_records} images, {world.size} rank(s), {steps_per_epoch} steps/epoch, "
-                f"lr {scaled_lr:g}, from epoch {start.epoch + 1} of {cfg.epochs}")
+            say(
+                f"training {cfg.model} on {train_records} images, {world.size} rank(s), {steps_per_epoch} steps/epoch, "
+                f"lr {scaled_lr:g}, from epoch {start.epoch + 1} of {cfg.epochs}"
+            )
             model.fit(
-                train_ds, epochs=cfg.epochs, initial_epoch=start.epoch, steps_per_epoch=steps_per_epoch,
-                class_weight=weights, callbacks=callbacks, verbose=1 if world.is_root and os.isatty(1) else 0,
+                train_ds,
+                epochs=cfg.epochs,
+                initial_epoch=start.epoch,
+                steps_per_epoch=steps_per_epoch,
+                class_weight=weights,
+                callbacks=callbacks,
+                verbose=1 if world.is_root and os.isatty(1) else 0,
             )
         end = state.training
         # Proof that data parallelism kept the replicas identical: every rank's weight digest.
-        return {**header, "epochs": end.history, "best": end.best, "collapsed_epochs": end.collapsed_epochs(),
-                "optimizer_steps": int(optimizer.iterations.numpy()), "weights_sha256_per_rank": world.allgather_object(weights_digest(model))}
+        return {
+            **header,
+            "epochs": end.history,
+            "best": end.best,
+            "collapsed_epochs": end.collapsed_epochs(),
+            "optimizer_steps": int(optimizer.iterations.numpy()),
+            "weights_sha256_per_rank": world.allgather_object(weights_digest(model)),
+        }
 
     log = world.run(attempt, state)
     if world.is_root:
         write_json(run_dir / TRAIN_LOG, log)
         if log["best"].get(PREDICTED_CLASSES) == 1:
-            say(f"warning: the saved model (epoch {log['best']['epoch']}) predicts one class for every validation image; "
-                "it has not learned to tell the classes apart (see docs/training.md, 'A constant predictor')")
+            say(
+                f"warning: the saved model (epoch {log['best']['epoch']}) predicts one class for every validation image; "
+                "it has not learned to tell the classes apart (see docs/training.md, 'A constant predictor')"
+            )
     return log
 
 

@@ -43,7 +43,9 @@ def _mobilenet_v3_small() -> KerasWeights:
     from keras.src.applications import mobilenet_v3
 
     name = "small_224_1.0_float"  # what MobileNetV3Small(alpha=1.0, minimalistic=False) loads
-    return KerasWeights(f"weights_mobilenet_v3_{name}_no_top_v2.h5", mobilenet_v3.BASE_WEIGHT_PATH, mobilenet_v3.WEIGHTS_HASHES[name][1])
+    return KerasWeights(
+        f"weights_mobilenet_v3_{name}_no_top_v2.h5", mobilenet_v3.BASE_WEIGHT_PATH, mobilenet_v3.WEIGHTS_HASHES[name][1]
+    )
 
 
 def _efficientnet_b0() -> KerasWeights:
@@ -63,12 +65,16 @@ def keras_weights(model: str) -> KerasWeights:
     try:
         return IMAGENET_WEIGHTS[model]()
     except KeyError:
-        raise UserError(f"ImageNet weights exist only for {', '.join(sorted(IMAGENET_WEIGHTS))}, not {model!r} (train.weights)") from None
+        raise UserError(
+            f"ImageNet weights exist only for {', '.join(sorted(IMAGENET_WEIGHTS))}, not {model!r} (train.weights)"
+        ) from None
 
 
 def _offline_hint(model: str) -> str:
-    return (f"on a connected machine run `covidxray weights download {model} --out FILE`, copy FILE to every board "
-            f"and set train.weights: FILE")
+    return (
+        f"on a connected machine run `covidxray weights download {model} --out FILE`, copy FILE to every board "
+        f"and set train.weights: FILE"
+    )
 
 
 def cached_imagenet_file(model: str) -> str:
@@ -82,9 +88,13 @@ def cached_imagenet_file(model: str) -> str:
     try:
         return tf.keras.utils.get_file(spec.file_name, spec.url, cache_subdir="models", file_hash=spec.md5)
     except ValueError as err:  # Keras: hash mismatch after download
-        raise UserError(f"ImageNet weights for {model} from {spec.url} failed Keras' checksum ({err}); re-run, or {_offline_hint(model)}") from None
+        raise UserError(
+            f"ImageNet weights for {model} from {spec.url} failed Keras' checksum ({err}); re-run, or {_offline_hint(model)}"
+        ) from None
     except Exception as err:  # Keras turns every network failure into a bare Exception("URL fetch failure ...")
-        raise UserError(f"cannot download ImageNet weights for {model} from {spec.url} ({err}); {_offline_hint(model)}") from None
+        raise UserError(
+            f"cannot download ImageNet weights for {model} from {spec.url} ({err}); {_offline_hint(model)}"
+        ) from None
 
 
 def md5_file(path: Path) -> str:
@@ -95,7 +105,9 @@ def md5_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download_weights(model: str, out: Path | None = None, say: Callable[[str], None] = print, retries: int = 5, backoff: float = 2.0) -> Path:
+def download_weights(
+    model: str, out: Path | None = None, say: Callable[[str], None] = print, retries: int = 5, backoff: float = 2.0
+) -> Path:
     """Fetch `model`'s ImageNet backbone file to `out` (resuming a partial download) and check Keras' hash."""
     from covidxray.sources.download import download
 
@@ -109,10 +121,18 @@ def download_weights(model: str, out: Path | None = None, say: Callable[[str], N
     if out.is_file():  # an older or damaged copy: fetch it again
         out.unlink()
     # download() reports that it has no sha256 to check: Keras pins these files by md5, checked right after.
-    download(spec.url, out, retries=retries, backoff=backoff, say=lambda message: None if "no checksum known" in message else say(message))
+    download(
+        spec.url,
+        out,
+        retries=retries,
+        backoff=backoff,
+        say=lambda message: None if "no checksum known" in message else say(message),
+    )
     actual = md5_file(out)
     if actual != spec.md5:
         out.unlink()
-        raise UserError(f"{spec.url}: md5 {actual} is not the {spec.md5} Keras expects for {model}; the file was deleted, re-run to fetch it again")
+        raise UserError(
+            f"{spec.url}: md5 {actual} is not the {spec.md5} Keras expects for {model}; the file was deleted, re-run to fetch it again"
+        )
     say(f"wrote {out} (md5 {actual}, as Keras expects); set train.weights: {out}")
     return out

@@ -51,7 +51,11 @@ def doctor_on(ssh: Ssh, host: str, covidxray: str, data_dir: str | None, is_loca
 
 def failed_checks(report: dict) -> list[str]:
     """Required checks that failed, except the shard check: a board need not hold other boards' shards."""
-    return [f"{c['name']}: {c['detail']}" for c in report["checks"] if c["required"] and not c["ok"] and not c["name"].startswith("shards")]
+    return [
+        f"{c['name']}: {c['detail']}"
+        for c in report["checks"]
+        if c["required"] and not c["ok"] and not c["name"].startswith("shards")
+    ]
 
 
 def shard_problems(report: dict, needed: list[str]) -> list[str]:
@@ -59,7 +63,9 @@ def shard_problems(report: dict, needed: list[str]) -> list[str]:
     names = {Path(f).name for f in needed}
     missing = sorted(names & set(shards.get("missing", [])))
     changed = sorted(names & set(shards.get("sha256_mismatch", [])))
-    return [f"missing shard {name}" for name in missing] + [f"shard {name} differs from the manifest" for name in changed]
+    return [f"missing shard {name}" for name in missing] + [
+        f"shard {name} differs from the manifest" for name in changed
+    ]
 
 
 def version_mismatches(results: list[NodeResult]) -> list[str]:
@@ -72,7 +78,10 @@ def version_mismatches(results: list[NodeResult]) -> list[str]:
     lines = []
     for package, hosts_by_version in sorted(by_package.items()):
         if len(hosts_by_version) > 1:
-            spread = "; ".join(f"{version} on {', '.join(hosts)}" for version, hosts in sorted(hosts_by_version.items(), key=lambda kv: -len(kv[1])))
+            spread = "; ".join(
+                f"{version} on {', '.join(hosts)}"
+                for version, hosts in sorted(hosts_by_version.items(), key=lambda kv: -len(kv[1]))
+            )
             lines.append(f"{package} differs: {spread}")
     return lines
 
@@ -80,9 +89,15 @@ def version_mismatches(results: list[NodeResult]) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cluster_arguments(parser)
-    parser.add_argument("--data-dir", default=None, help="Prepared data, at the same path on the launcher and the boards; checks each board's shards.")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="Prepared data, at the same path on the launcher and the boards; checks each board's shards.",
+    )
     add_plan_arguments(parser)
-    parser.add_argument("--covidxray", default=DEFAULT_COVIDXRAY, help="covidxray executable on the boards (default: %(default)s).")
+    parser.add_argument(
+        "--covidxray", default=DEFAULT_COVIDXRAY, help="covidxray executable on the boards (default: %(default)s)."
+    )
     return parser.parse_args(argv)
 
 
@@ -90,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     hosts = read_hostfile(args.hostfile)
     names = [h.hostname for h in hosts]
-    needed = {p.host: p.files for p in plan(Path(args.data_dir), hosts, args.num_proc, args.every_shard)} if args.data_dir else {}
+    needed = (
+        {p.host: p.files for p in plan(Path(args.data_dir), hosts, args.num_proc, args.every_shard)}
+        if args.data_dir
+        else {}
+    )
     ssh, local = ssh_from_args(args), local_hosts(names)
     results = on_every_host(lambda host: doctor_on(ssh, host, args.covidxray, args.data_dir, host in local), names)
 

@@ -42,7 +42,9 @@ def parse_entries(lines: list[str], default_slots: int, origin: str) -> list[tup
         if slots < 1:
             raise ClusterError(f"{origin}:{number}: {host} needs at least 1 slot")
         if host in seen:
-            raise ClusterError(f"{origin}:{number}: {host} is listed twice (horovodrun would start two sets of ranks there)")
+            raise ClusterError(
+                f"{origin}:{number}: {host} is listed twice (horovodrun would start two sets of ranks there)"
+            )
         seen.add(host)
         entries.append((host, slots))
     if not entries:
@@ -54,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("hosts", nargs="*", help="Boards, each `host` or `host:slots`.")
     parser.add_argument("--from", dest="from_file", type=Path, help="A file listing boards, one per line.")
-    parser.add_argument("--slots", type=int, default=1, help="Slots (ranks) for boards given without a count (default 1).")
+    parser.add_argument(
+        "--slots", type=int, default=1, help="Slots (ranks) for boards given without a count (default 1)."
+    )
     parser.add_argument("-o", "--output", type=Path, default=None, help="Hostfile to write (default: stdout).")
     args = parser.parse_args(argv)
     if args.slots < 1:
@@ -70,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.output:
         args.output.write_text(text)
         total = sum(slots for _, slots in entries)
-        print(f"{args.output}: {len(entries)} hosts, {total} slots -> horovodrun -np {total} --hostfile {args.output} ...", file=sys.stderr)
+        print(
+            f"{args.output}: {len(entries)} hosts, {total} slots -> horovodrun -np {total} --hostfile {args.output} ...",
+            file=sys.stderr,
+        )
     else:
         sys.stdout.write(text)
     return 0

@@ -35,7 +35,9 @@ def read_hostfile(path: Path) -> list[HostInfo]:
     try:
         hosts = parse_hosts(parse_host_files(str(path)))
     except (IndexError, ValueError) as err:
-        raise ClusterError(f"{path}: every line must be '<host> slots=<n>' ({err}); regenerate it with make_hostfile.py") from None
+        raise ClusterError(
+            f"{path}: every line must be '<host> slots=<n>' ({err}); regenerate it with make_hostfile.py"
+        ) from None
     if not hosts:
         raise ClusterError(f"{path}: no hosts listed")
     return hosts
@@ -88,7 +90,9 @@ class Ssh:
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hostfile", type=Path, required=True, help="'<host> slots=<n>' per line (make_hostfile.py writes it).")
+    parser.add_argument(
+        "--hostfile", type=Path, required=True, help="'<host> slots=<n>' per line (make_hostfile.py writes it)."
+    )
     parser.add_argument("--ssh-port", type=int, default=None, help="As horovodrun --ssh-port.")
     parser.add_argument("--ssh-identity-file", default=None, help="As horovodrun --ssh-identity-file.")
 

@@ -35,7 +35,9 @@ class HostPlan:
         self.files.extend(f for f in relative if f not in self.files)
 
 
-def plan(data_dir: Path, hosts: list[HostInfo], num_proc: int | None = None, every_shard: bool = False) -> list[HostPlan]:
+def plan(
+    data_dir: Path, hosts: list[HostInfo], num_proc: int | None = None, every_shard: bool = False
+) -> list[HostPlan]:
     """One HostPlan per host that gets ranks, in hostfile order."""
     try:
         load_manifest(data_dir)
@@ -45,12 +47,25 @@ def plan(data_dir: Path, hosts: list[HostInfo], num_proc: int | None = None, eve
     splits = [shard_paths(data_dir, split) for split in ("train", "val")]
     plans = {slot.hostname: HostPlan(slot.hostname) for slot in slots}
     for slot in slots:
-        files = [f for paths in splits for f in (paths if every_shard else assign_shards(paths, slot.rank, slot.size).files)]
+        files = [
+            f for paths in splits for f in (paths if every_shard else assign_shards(paths, slot.rank, slot.size).files)
+        ]
         plans[slot.hostname].ranks.append(slot.rank)
         plans[slot.hostname].add([MANIFEST] + [f"{SHARDS}/{Path(f).name}" for f in files])
     return list(plans.values())
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--np", type=int, default=None, dest="num_proc", help="Ranks the run will use (default: every slot in the hostfile).")
-    parser.add_argument("--all", action="store_true", dest="every_shard", help="Every train and val shard on every board (elastic runs re-number ranks).")
+    parser.add_argument(
+        "--np",
+        type=int,
+        default=None,
+        dest="num_proc",
+        help="Ranks the run will use (default: every slot in the hostfile).",
+    )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        dest="every_shard",
+        help="Every train and val shard on every board (elastic runs re-number ranks).",
+    )

@@ -38,37 +38,69 @@ from shard_plan import SHARDS, HostPlan, add_plan_arguments, plan  # noqa: E402
 from covidxray.manifest import MANIFEST, manifest_sha256  # noqa: E402
 
 
-def missing_on_host(ssh: Ssh, host: str, root: str, expected: dict[str, int], manifest_sha: str, is_local: bool) -> list[str]:
+def missing_on_host(
+    ssh: Ssh, host: str, root: str, expected: dict[str, int], manifest_sha: str, is_local: bool
+) -> list[str]:
     """What `host` lacks under `root`: files absent or of the wrong size, or a manifest from another prepare."""
     listing = f"cd {shlex.quote(root)} && sha256sum {MANIFEST} && find {SHARDS} -maxdepth 1 -type f -printf '%s %p\\n'"
     result = ssh.run(host, listing, local=is_local)
     lines = result.stdout.splitlines()
     if result.returncode != 0 or not lines:
         return [f"{root}/{MANIFEST} ({(result.stderr.strip() or 'not found')[-200:]})"]
-    problems = [] if lines[0].split()[0] == manifest_sha else [f"{root}/{MANIFEST} differs from the launcher's: re-sync or re-mount"]
+    problems = (
+        []
+        if lines[0].split()[0] == manifest_sha
+        else [f"{root}/{MANIFEST} differs from the launcher's: re-sync or re-mount"]
+    )
     sizes = {path: int(size) for size, path in (line.split(" ", 1) for line in lines[1:])}
     problems += [f"{root}/{name}" for name, size in expected.items() if name != MANIFEST and sizes.get(name) != size]
     return problems
 
 
-def rsync(ssh: Ssh, host: str, data_dir: Path, dest: str, files: list[str], is_local: bool) -> subprocess.CompletedProcess:
+def rsync(
+    ssh: Ssh, host: str, data_dir: Path, dest: str, files: list[str], is_local: bool
+) -> subprocess.CompletedProcess:
     command = ["rsync", "--archive", "--partial", "--itemize-changes", "--files-from=-"]
     if is_local:
         Path(dest).mkdir(parents=True, exist_ok=True)
         command += [f"{data_dir}/", dest]
     else:  # the remote rsync creates the destination first, so a fresh board needs no setup
-        command += ["--rsync-path", f"mkdir -p {shlex.quote(dest)} && rsync", "-e", ssh.rsync_shell(), f"{data_dir}/", f"{host}:{dest}"]
+        command += [
+            "--rsync-path",
+            f"mkdir -p {shlex.quote(dest)} && rsync",
+            "-e",
+            ssh.rsync_shell(),
+            f"{data_dir}/",
+            f"{host}:{dest}",
+        ]
     return subprocess.run(command, input="\n".join(files) + "\n", capture_output=True, text=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cluster_arguments(parser)
-    parser.add_argument("--data-dir", type=Path, required=True, help="Prepared data on this machine (covidxray prepare output).")
-    parser.add_argument("--remote-data-dir", default=None, help="Path on the boards (default: the same as --data-dir; training passes one --data-dir to every rank).")
+    parser.add_argument(
+        "--data-dir", type=Path, required=True, help="Prepared data on this machine (covidxray prepare output)."
+    )
+    parser.add_argument(
+        "--remote-data-dir",
+        default=None,
+        help="Path on the boards (default: the same as --data-dir; training passes one --data-dir to every rank).",
+    )
     add_plan_arguments(parser)
-    parser.add_argument("--only", action="append", default=None, metavar="HOST", help="Sync just these hosts (e.g. a re-flashed board); repeatable.")
-    parser.add_argument("--nfs", default=None, metavar="PATH", help="Shared mount: copy nothing, check every board sees the data at PATH.")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="HOST",
+        help="Sync just these hosts (e.g. a re-flashed board); repeatable.",
+    )
+    parser.add_argument(
+        "--nfs",
+        default=None,
+        metavar="PATH",
+        help="Shared mount: copy nothing, check every board sees the data at PATH.",
+    )
     parser.add_argument("--dry-run", action="store_true", help="Print the plan as JSON and stop.")
     return parser.parse_args(argv)
 
@@ -108,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     for host_plan, note, problems in on_every_host(sync_one, plans):
         status = "ok" if not problems else "MISSING"
-        print(f"{host_plan.host:20s} ranks {','.join(map(str, host_plan.ranks)):8s} {len(host_plan.files) - 1:4d} shards  {note:32s} {status}")
+        print(
+            f"{host_plan.host:20s} ranks {','.join(map(str, host_plan.ranks)):8s} {len(host_plan.files) - 1:4d} shards  {note:32s} {status}"
+        )
         for problem in problems:
             print(f"    {problem}")
         failures += bool(problems)
