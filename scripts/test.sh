@@ -3,5 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-"${VENV:-.venv}/bin/ruff" check .  # configured in pyproject.toml; a finding fails the run before the long tests
+# ruff is configured in pyproject.toml; a lint finding or an unformatted file fails the run before the long tests
+"${VENV:-.venv}/bin/ruff" check .
+"${VENV:-.venv}/bin/ruff" format --check .
 exec "${VENV:-.venv}/bin/python" -m pytest -q -rs "$@"
