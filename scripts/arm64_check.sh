@@ -97,6 +97,10 @@ ensure_rootfs() {
 
 enter_root() {
     cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+    # debootstrap's minbase writes no /etc/hosts; Raspberry Pi OS ships one. Without it nothing resolves
+    # `localhost`, and horovodrun's ssh check of `-H localhost:2` fails.
+    [ -s "$ROOT/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n' \
+        "$(hostname)" >"$ROOT/etc/hosts"
     # The host's CA bundle, for networks whose HTTPS proxy has its own CA (pip gets it through PIP_CERT).
     cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/host-ca-certificates.crt"
     mount_in_root "$ROOT/proc" -t proc proc
