@@ -47,7 +47,7 @@ def resolve_model(model: Path, fmt: str | None = None) -> Path:
     """`--model` is a .tflite or a run directory; in a directory `--format` picks the file."""
     if model.is_dir():
         return model / tflite_name(fmt or DEFAULT_FORMAT)
-    if fmt:
+    if fmt and model.exists():  # a missing path is reported by the caller as "model not found"
         raise UserError(f"--format picks a model inside a run directory, but --model {model} already names one file")
     return model
 

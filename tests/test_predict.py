@@ -229,6 +229,9 @@ def test_model_choice_from_a_run_directory(all_formats_run, synthetic_data):
         assert result.returncode == 0, result.stderr
     result = run_cli("predict", "--model", str(all_formats_run / "model-int8.tflite"), "--format", "int8", image)
     assert result.returncode == 2 and "--format picks a model inside a run directory" in one_line(result.stderr)
+    missing = all_formats_run.parent / "no-such-run"  # e.g. a training step that never ran
+    result = run_cli("predict", "--model", str(missing), "--format", "int8", image)
+    assert result.returncode == 2 and "not found" in one_line(result.stderr), result.stderr
 
 
 def test_threads_do_not_change_results(all_formats_run, synthetic_data):
