@@ -147,3 +147,20 @@ def test_low_resolution_radiographs_blown_up_still_pass(shared_data):
         small = cv2.resize(load_gray(path), (128, 128), interpolation=cv2.INTER_AREA)
         result = radiograph_gate.check(cv2.resize(small, (512, 512), interpolation=cv2.INTER_CUBIC))
         assert result.passed, (path.name, result)
+
+
+def test_a_film_printed_in_one_tint_is_a_radiograph_and_colour_photos_are_not(shared_data):
+    """ieee8023's 000005-5-a.jpg is a PA film printed in blue; scikit-image's colour photos stay refused by decoding."""
+    from pathlib import Path
+
+    from covidxray.edge.preprocess import ImageError
+
+    tinted = shared_data / "covid-chestxray-sample" / "covid-chestxray-dataset" / "images" / "000005-5-a.jpg"
+    assert cv2.imread(str(tinted)).std(axis=2).mean() > 10  # really in colour
+    assert radiograph_gate.check(load_gray(tinted)).passed
+    skimage = pytest.importorskip("skimage")
+    photos = ["astronaut.png", "chelsea.png", "coffee.png", "ihc.png", "retina.jpg", "rocket.jpg", "motorcycle_left.png"]
+    for name in photos:
+        with pytest.raises(ImageError) as caught:
+            load_gray(Path(skimage.__file__).parent / "data" / name)
+        assert caught.value.reason == "not-xray" and "colour image" in caught.value.detail, name
