@@ -56,7 +56,7 @@ class Check:
 # photos of textures, micrographs, a scanned page, 64 px MR slices, noise smoothed over 2 or 8 px):
 # radiographs' detail at 9 px <= 0.0515 (limit 0.07; those images 0.078-0.15), and its ratio to the
 # 3 px detail <= 3.97 (limit 7: blobs with no fine grain, noise smoothed over 5-16 px 7.3-9.2; a
-# radiograph shrunk to 96 px and blown up to 512 px reaches 6.9 and still passes).
+# radiograph shrunk to 96 px and blown up to 512 px reaches 6.9, below it).
 # Checked in this order; the first failing one is the reason given.
 CHECKS = (
     Check("too-small", 64, True, "short side in pixels"),
