@@ -120,3 +120,78 @@ def test_prepare_drops_non_radiographs_with_a_counted_reason(shared_data, tmp_pa
     dropped = (data_dir / "dropped.csv").read_text()
     assert "00099999_000.png,not a chest radiograph:" in dropped and "(near-uniform)" in dropped
     assert "00099998_000.png,not a chest radiograph:" in dropped and "(text-or-noise)" in dropped
+
+
+def smoothed_noise(sigma: float, size: int = 512, seed: int = 7) -> np.ndarray:
+    noise = cv2.GaussianBlur(np.random.default_rng(seed).normal(0, 1, (size, size)), (0, 0), sigma)
+    return cv2.normalize(noise, None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
+
+
+@pytest.mark.parametrize("name", ["brick.png", "page.png", "text.png", "microaneurysms.png"])
+def test_real_textures_and_scanned_print_are_busy_at_9_px(name):
+    """scikit-image's bundled photos of a brick wall, a scanned page, printed text and a retinal micrograph."""
+    skimage = pytest.importorskip("skimage")
+    from pathlib import Path
+
+    result = radiograph_gate.check(load_gray(Path(skimage.__file__).parent / "data" / name))
+    assert result.reason == "busy-texture" and result.score > result.limit
+
+
+@pytest.mark.parametrize("name", ["MR_small.dcm", "emri_small.dcm"])
+def test_small_mr_slices_are_busy_at_9_px(name):
+    """pydicom's 64 px MR test images, as pixels (decoding them as DICOM already refuses Modality MR)."""
+    from pydicom import dcmread
+    from pydicom.data import get_testdata_file
+
+    from covidxray.edge.preprocess import dicom_gray
+
+    dataset = dcmread(get_testdata_file(name, download=False))
+    if dataset.pixel_array.ndim == 3:  # a series: its first frame, full range
+        gray = cv2.normalize(dataset.pixel_array[0].astype(np.float64), None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
+    else:
+        gray = dicom_gray(dataset)
+    assert radiograph_gate.check(gray).reason == "busy-texture"
+
+
+@pytest.mark.parametrize("sigma", [2, 3, 5, 8, 12])
+def test_smoothed_noise_is_refused_at_every_blob_size(sigma):
+    """Gaussian-smoothed white noise, 700 px: the finest is noise at 3 px, then busy at 9 px, coarse blobs have no fine grain."""
+    assert radiograph_gate.check(smoothed_noise(sigma, 700)).reason in (
+        "text-or-noise",
+        "busy-texture",
+        "grainless-blobs",
+    )
+
+
+def test_low_resolution_radiographs_blown_up_still_pass(shared_data):
+    """A real film shrunk to 128 px and enlarged 4x (as a thumbnail pasted into a report) is still a radiograph."""
+    films = sorted((shared_data / "chest-xray-pneumonia-224").rglob("*.jpeg"))[::300]
+    for path in films:
+        small = cv2.resize(load_gray(path), (128, 128), interpolation=cv2.INTER_AREA)
+        result = radiograph_gate.check(cv2.resize(small, (512, 512), interpolation=cv2.INTER_CUBIC))
+        assert result.passed, (path.name, result)
+
+
+def test_a_film_printed_in_one_tint_is_a_radiograph_and_colour_photos_are_not(shared_data):
+    """ieee8023's 000005-5-a.jpg is a PA film printed in blue; scikit-image's colour photos stay refused by decoding."""
+    from pathlib import Path
+
+    from covidxray.edge.preprocess import ImageError
+
+    tinted = shared_data / "covid-chestxray-sample" / "covid-chestxray-dataset" / "images" / "000005-5-a.jpg"
+    assert cv2.imread(str(tinted)).std(axis=2).mean() > 10  # really in colour
+    assert radiograph_gate.check(load_gray(tinted)).passed
+    skimage = pytest.importorskip("skimage")
+    photos = [
+        "astronaut.png",
+        "chelsea.png",
+        "coffee.png",
+        "ihc.png",
+        "retina.jpg",
+        "rocket.jpg",
+        "motorcycle_left.png",
+    ]
+    for name in photos:
+        with pytest.raises(ImageError) as caught:
+            load_gray(Path(skimage.__file__).parent / "data" / name)
+        assert caught.value.reason == "not-xray" and "colour image" in caught.value.detail, name

@@ -38,6 +38,14 @@ XRAY_MODALITIES = ("CR", "DX", "DR", "RG", "OT", "")
 # tinted scans stay well below it).
 COLOUR_SPREAD = 40
 COLOUR_PIXEL_SHARE = 0.05
+# ... unless it is a tinted grayscale image (a journal figure printed in one colour): its coloured
+# pixels share one hue (95% within TINT_HUE_SPREAD OpenCV hue units, i.e. 2 degrees each, of
+# their mean) and each channel is a linear function of brightness (RMS residual at most
+# TINT_RESIDUAL gray levels). A tinted ieee8023 film: 1.6 units and 2.1 levels; scikit-image's
+# colour photos: at least 3.4 units (retina) and 9.0 levels (retina, ihc, chelsea); two flat
+# colours lie on a line too but not on one hue.
+TINT_HUE_SPREAD = 6.0
+TINT_RESIDUAL = 4.0
 
 
 class ImageError(ValueError):
@@ -271,6 +279,19 @@ def _load_dicom(path: Path) -> np.ndarray:
     return dicom_gray(dataset, path)
 
 
+def _is_tinted_gray(image: np.ndarray, coloured: np.ndarray) -> bool:
+    """Whether a colour image is one gray image printed in a single tint (see TINT_HUE_SPREAD)."""
+    eight_bit = image if image.dtype == np.uint8 else (image // 257).astype(np.uint8)
+    hue = cv2.cvtColor(eight_bit, cv2.COLOR_BGR2HSV)[..., 0][coloured] * (np.pi / 90)  # OpenCV hue 0..180 -> radians
+    mean_hue = np.angle(np.exp(1j * hue).mean())
+    if np.percentile(np.abs(np.angle(np.exp(1j * (hue - mean_hue)))), 95) * (90 / np.pi) > TINT_HUE_SPREAD:
+        return False
+    channels = eight_bit.reshape(-1, 3).astype(np.float64)
+    brightness = np.stack([channels.mean(axis=1), np.ones(len(channels))], axis=1)
+    fit, *_ = np.linalg.lstsq(brightness, channels, rcond=None)
+    return float(np.sqrt(((channels - brightness @ fit) ** 2).mean())) <= TINT_RESIDUAL
+
+
 def _load_raster(path: Path) -> np.ndarray:
     data = np.fromfile(str(path), dtype=np.uint8)
     if data.size == 0:
@@ -283,7 +304,7 @@ def _load_raster(path: Path) -> np.ndarray:
             image = image[:, :, :3]
         spread = image.max(axis=2).astype(np.int32) - image.min(axis=2)
         levels = COLOUR_SPREAD * (257 if image.dtype == np.uint16 else 1)
-        if float((spread > levels).mean()) > COLOUR_PIXEL_SHARE:
+        if float((spread > levels).mean()) > COLOUR_PIXEL_SHARE and not _is_tinted_gray(image, spread > levels):
             raise ImageError("not-xray", path, "colour image: looks like a photo, not a grayscale X-ray")
         image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)
     if image.dtype != np.uint8:
