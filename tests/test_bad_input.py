@@ -149,6 +149,17 @@ def test_the_decode_limit_counts_from_the_start_of_each_file_not_from_its_submis
     assert all(results[path] == direct_decode(path) and results[path].ok for path in paths)
 
 
+def test_with_one_worker_a_decode_over_the_limit_is_named_though_it_cannot_be_stopped(tmp_path):
+    """workers 1 decodes in the calling process: nothing to kill, but the user learns which file is slow."""
+    slow = str(write_image(tmp_path / "images" / "slow-0.png", seed=0))
+    results, lines, _ = decode_in_a_thread(
+        tmp_path / "cache.sqlite", [slow], 1, decode=decode_or_hang, timeout_s=SLOW_DECODE_S / 3
+    )
+    assert [line for line in lines if line.startswith(f"{slow}: still decoding")] == lines and len(lines) == 1
+    assert "cannot be stopped" in lines[0] and "data.workers" in lines[0]
+    assert results[slow] == direct_decode(slow) and results[slow].ok
+
+
 def test_prepare_drops_a_file_whose_decode_hangs_counts_it_and_lists_it(talo, tmp_path, monkeypatch):
     stuck = write_image(talo / "X-Ray Image DataSet" / "No_findings" / "hang-always.png", seed=99)
     monkeypatch.setattr(image_cache, "decode_one", decode_or_hang)  # what prepare hands to its workers
