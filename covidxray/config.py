@@ -90,6 +90,11 @@ class DataConfig:
     # Images declaring more pixels are refused before decoding (prepare and predict); the default fits one
     # decode worker per core on a 4 GB board (arithmetic in covidxray/edge/image_header.py).
     max_pixels: int = setting(DEFAULT_MAX_PIXELS, low=256)
+    # Seconds one file may take to decode (prepare, audit); past it its worker is killed, the file retried once
+    # alone, then dropped as decode-timeout (a crafted file can send a decoder into an endless loop). 0: no limit.
+    # A 3520x4280 12-bit JPEG 2000 CR decodes in 2-3 s on a busy x86 core, so ~20-30 s on a Pi 4: 300 s leaves
+    # ~10x for a larger or slower file. With workers 1 decoding runs in prepare's own process: only named, not stopped.
+    decode_timeout_s: float = setting(300.0, low=0.0)
     # Archive extraction stops with an error beyond this many bytes in total, or when the archive would
     # expand to more than max_compression_ratio x its own size (zip bombs); real collections are ~1-10 GB of JPEG/PNG.
     # A zip bomb (a 9.7 MB zip holding a 2 GiB member) is ~220x; JPEG/PNG collections ~1x, CSVs ~10x.

@@ -1,4 +1,5 @@
-"""Shared by the elastic tests: start a horovodrun job, SIGKILL one worker mid-training, let it finish."""
+"""Shared by the elastic tests (start a horovodrun job, SIGKILL one worker mid-training, let it finish) and the
+decode-worker tests (decoders that kill themselves or hang on chosen files)."""
 
 from __future__ import annotations
 
@@ -74,4 +75,23 @@ def decode_or_die(job: tuple) -> tuple:
     if path.name.startswith("die-always") or (path.name.startswith("die-once") and not marker.exists()):
         marker.touch()
         os.kill(os.getpid(), signal.SIGKILL)
+    return decode_one(job)
+
+
+SLOW_DECODE_S = 1.5  # how long decode_or_hang takes on files named `slow*`
+
+
+def decode_or_hang(job: tuple) -> tuple:
+    """A decode that never ends (as a decoder looping on a crafted file would) on files named `hang-always*`,
+    and on `hang-once*` the first time only (a marker file beside it remembers); `slow*` files take
+    SLOW_DECODE_S; otherwise the real decode."""
+    from covidxray.data.image_cache import decode_one
+
+    path = Path(job[0])
+    marker = path.with_name(path.name + ".hung")
+    if path.name.startswith("hang-always") or (path.name.startswith("hang-once") and not marker.exists()):
+        marker.touch()
+        time.sleep(3600)
+    if path.name.startswith("slow"):
+        time.sleep(SLOW_DECODE_S)
     return decode_one(job)

@@ -5,6 +5,7 @@ The table in docs/datasets.md ("Which bad input gets which answer") lists the sa
 
 from __future__ import annotations
 
+import csv
 import errno
 import io
 import json
@@ -13,6 +14,7 @@ import shutil
 import struct
 import tarfile
 import threading
+import time
 import zipfile
 import zlib
 from pathlib import Path
@@ -20,7 +22,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from kill_worker import decode_or_die
+from kill_worker import SLOW_DECODE_S, decode_or_die, decode_or_hang
 from layouts import build_talo, write_image, xray
 
 from covidxray.config import load_config
@@ -32,7 +34,7 @@ from covidxray.errors import UserError
 from covidxray.manifest import load_manifest, shard_problems
 from covidxray.sources.archive import ExtractLimits, extract
 
-DECODE_TIMEOUT_S = 300  # a hang fails the test instead of the suite
+HANG_BOUND_S = 300  # a hang fails the test instead of the suite
 
 
 def data_config(data_dir: Path, source_root: Path, **data):
@@ -75,28 +77,115 @@ def images_with_deadly_files(tmp_path) -> list[str]:
     return [str(write_image(tmp_path / "images" / name, seed=n)) for n, name in enumerate(names)]
 
 
-def test_a_killed_decode_worker_is_retried_alone_then_its_file_is_dropped_by_name(images_with_deadly_files, tmp_path):
+def decode_in_a_thread(cache_file: Path, paths: list[str], workers: int, **options) -> tuple[dict, list[str], float]:
+    """decode_all at 32 px, bounded by HANG_BOUND_S: (results, log lines, seconds taken)."""
     lines: list[str] = []
     outcome: dict = {}
 
     def run():
-        with image_cache.ImageCache(tmp_path / "cache.sqlite") as cache:
-            outcome["results"], _ = cache.decode_all(
-                images_with_deadly_files, 32, 2, lambda n: None, log=lines.append, decode=decode_or_die
-            )
+        with image_cache.ImageCache(cache_file) as cache:
+            outcome["results"], _ = cache.decode_all(paths, 32, workers, lambda n: None, log=lines.append, **options)
 
+    started = time.monotonic()
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    worker.join(DECODE_TIMEOUT_S)
-    assert not worker.is_alive(), "decode hung after a worker was killed"
-    results = outcome["results"]
+    worker.join(HANG_BOUND_S)
+    assert not worker.is_alive(), "decode hung"
+    return outcome["results"], lines, time.monotonic() - started
+
+
+def direct_decode(path: str) -> image_cache.Decoded:
+    """The oracle: the file decoded in this process, by the real decoder."""
+    return image_cache.decode_one((path, 32, preprocess.DEFAULT_MAX_PIXELS))[2]
+
+
+def test_a_killed_decode_worker_is_retried_alone_then_its_file_is_dropped_by_name(images_with_deadly_files, tmp_path):
+    results, lines, _ = decode_in_a_thread(tmp_path / "cache.sqlite", images_with_deadly_files, 2, decode=decode_or_die)
     deadly = images_with_deadly_files[-1]
     assert results[deadly].reason == "worker-died" and "killed twice" in results[deadly].detail
     assert any("decode worker died" in line and deadly in line for line in lines)
     assert any(line.startswith(f"skipped {deadly}") for line in lines)
     for path in images_with_deadly_files[:-1]:  # everything else, the once-deadly file included, decoded as in-process
-        expected = image_cache.decode_one((path, 32, preprocess.DEFAULT_MAX_PIXELS))[2]
-        assert results[path] == expected and expected.ok
+        assert results[path] == direct_decode(path) and results[path].ok
+
+
+@pytest.fixture
+def images_with_hanging_files(tmp_path) -> list[str]:
+    """Ten ordinary images, one whose decode hangs the first time and one whose decode always hangs."""
+    names = [f"ok-{i}.png" for i in range(10)] + ["hang-once.png", "hang-always.png"]
+    return [str(write_image(tmp_path / "images" / name, seed=n)) for n, name in enumerate(names)]
+
+
+def test_a_hanging_decode_is_stopped_retried_alone_then_its_file_is_dropped_by_name(
+    images_with_hanging_files, tmp_path
+):
+    limit = 1.5
+    cache_file = tmp_path / "cache.sqlite"
+    results, lines, seconds = decode_in_a_thread(
+        cache_file, images_with_hanging_files, 2, decode=decode_or_hang, timeout_s=limit
+    )
+    # Each hanging file costs the limit twice (in the pool, then alone); the rest is pool start-ups and ms decodes.
+    assert seconds < 4 * limit + 30
+    stuck, once = images_with_hanging_files[-1], images_with_hanging_files[-2]
+    assert results[stuck].reason == "decode-timeout" and "data.decode_timeout_s (1.5 s)" in results[stuck].detail
+    for path in (stuck, once):  # named as soon as they pass the limit
+        assert any(line.startswith(f"{path}: still decoding after data.decode_timeout_s") for line in lines)
+    assert any(line.startswith(f"skipped {stuck}: decoding took longer") for line in lines)
+    assert not any(line.startswith(f"skipped {once}") for line in lines)
+    for path in images_with_hanging_files[:-1]:  # everything else, the once-hanging file included, decoded correctly
+        assert results[path] == direct_decode(path) and results[path].ok
+    # A time-out depends on the limit and the board's load, not on the file: a re-run decodes it again.
+    results, _, _ = decode_in_a_thread(cache_file, [stuck], 2, timeout_s=limit)
+    assert results[stuck] == direct_decode(stuck) and results[stuck].ok
+
+
+def test_the_decode_limit_counts_from_the_start_of_each_file_not_from_its_submission(tmp_path):
+    """Two workers hold two files each: the second file of a worker waits SLOW_DECODE_S before it starts."""
+    paths = [str(write_image(tmp_path / "images" / f"slow-{i}.png", seed=i)) for i in range(4)]
+    results, lines, _ = decode_in_a_thread(
+        tmp_path / "cache.sqlite", paths, 2, decode=decode_or_hang, timeout_s=SLOW_DECODE_S + 1.0
+    )
+    assert not [line for line in lines if "still decoding" in line]
+    assert all(results[path] == direct_decode(path) and results[path].ok for path in paths)
+
+
+def test_with_one_worker_a_decode_over_the_limit_is_named_though_it_cannot_be_stopped(tmp_path):
+    """workers 1 decodes in the calling process: nothing to kill, but the user learns which file is slow."""
+    slow = str(write_image(tmp_path / "images" / "slow-0.png", seed=0))
+    results, lines, _ = decode_in_a_thread(
+        tmp_path / "cache.sqlite", [slow], 1, decode=decode_or_hang, timeout_s=SLOW_DECODE_S / 3
+    )
+    assert [line for line in lines if line.startswith(f"{slow}: still decoding")] == lines and len(lines) == 1
+    assert "cannot be stopped" in lines[0] and "data.workers" in lines[0]
+    assert results[slow] == direct_decode(slow) and results[slow].ok
+
+
+def test_prepare_drops_a_file_whose_decode_hangs_counts_it_and_lists_it(talo, tmp_path, monkeypatch):
+    stuck = write_image(talo / "X-Ray Image DataSet" / "No_findings" / "hang-always.png", seed=99)
+    monkeypatch.setattr(image_cache, "decode_one", decode_or_hang)  # what prepare hands to its workers
+    lines: list[str] = []
+    data_dir = tmp_path / "data"
+    manifest = prepare(data_config(data_dir, talo, workers=2, decode_timeout_s=1.0), log=lines.append)
+    assert manifest["dropped"]["covid19-talo: image decode-timeout"] == 1
+    with open(data_dir / "dropped.csv", newline="") as table:
+        rows = [row for row in csv.DictReader(table) if "decode-timeout" in row["reason"]]
+    assert [(row["reason"], row["where"]) for row in rows] == [("image decode-timeout", str(stuck))]
+    assert any(line.startswith("skipped 1 file(s) (covid19-talo: image decode-timeout)") for line in lines)
+    others = [p for p in talo.rglob("*") if p.suffix in (".png", ".jpg", ".jpeg") and p != stuck]
+    assert sum(shard["records"] for shard in manifest["shards"]) == len(others)  # every other image decoded
+
+
+@pytest.mark.parametrize("limit", [-1, -0.5])
+def test_a_negative_decode_limit_is_refused_naming_the_key(limit):
+    with pytest.raises(UserError, match=r"data\.decode_timeout_s: .* is below the minimum 0"):
+        load_config(None, [{"data": {"decode_timeout_s": limit}}])
+
+
+def test_a_decode_limit_of_zero_means_no_limit(tmp_path):
+    assert load_config(None, [{"data": {"decode_timeout_s": 0}}]).data.decode_timeout_s == 0
+    paths = [str(write_image(tmp_path / "images" / f"slow-{i}.png", seed=i)) for i in range(2)]
+    results, lines, _ = decode_in_a_thread(tmp_path / "cache.sqlite", paths, 2, decode=decode_or_hang, timeout_s=0)
+    assert not lines and all(results[path] == direct_decode(path) for path in paths)
 
 
 # ------------------------------------------------------------------ file names

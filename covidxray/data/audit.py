@@ -120,7 +120,13 @@ def audit(
             paths = [str(r.image) for r in records]
             progress(0, len(set(paths)))
             decoded, _ = cache.decode_all(
-                paths, config.image_size, config.workers or os.cpu_count() or 1, progress, config.max_pixels, log
+                paths,
+                config.image_size,
+                config.workers or os.cpu_count() or 1,
+                progress,
+                config.max_pixels,
+                log,
+                timeout_s=config.decode_timeout_s,
             )
     usable = [r for r in records if decoded[str(r.image)].ok]
     if len(usable) < len(records):

@@ -19,7 +19,10 @@ Decode workers are separate processes; one killed from outside (the
 out-of-memory killer on a 4 GB board) breaks the pool. The files it may have
 been decoding are then retried one at a time, each alone in a fresh worker, so
 a file that kills its worker twice is named and dropped instead of hanging or
-ending the run.
+ending the run. A decode running longer than data.decode_timeout_s (a crafted
+file can send a decoder into an endless loop) has its worker killed the same
+way: the file is named, retried once alone, then dropped as decode-timeout,
+and the files the stopped pool held are queued again.
 """
 
 from __future__ import annotations
@@ -30,11 +33,14 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import sqlite3
-from collections.abc import Callable, Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from covidxray.data import dedup, near_duplicates
@@ -48,6 +54,8 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS images (
     content_sha256 BLOB PRIMARY KEY, png BLOB, pixel_sha256 BLOB, phash BLOB, features BLOB, reason TEXT, detail TEXT)"""
 _COMMIT_EVERY = 64
 _IN_FLIGHT_PER_WORKER = 2  # enough to keep every worker busy; also bounds the files suspected when one dies
+WORKER_DIED = "worker-died"  # the reason of a file that killed its decode worker twice
+DECODE_TIMEOUT = "decode-timeout"  # the reason of a file dropped for decoding longer than data.decode_timeout_s twice
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 Job = tuple[str, int, int]  # (path, image size, max pixels)
 Log = Callable[[str], None]
@@ -123,7 +131,7 @@ def _content_or_none(path: str) -> bytes | None:
 
 def _worker_died() -> Decoded:
     return Decoded(
-        reason="worker-died",
+        reason=WORKER_DIED,
         detail=(
             "the decode worker was killed twice while decoding this file (e.g. by the out-of-memory killer); "
             "skipped. Lower data.max_pixels or data.workers if it is a valid radiograph"
@@ -131,41 +139,174 @@ def _worker_died() -> Decoded:
     )
 
 
-def _spawn_pool(workers: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=keep_freed_buffers)
+def _timed_out(timeout_s: float) -> Decoded:
+    return Decoded(
+        reason=DECODE_TIMEOUT,
+        detail=(
+            f"decoding took longer than data.decode_timeout_s ({timeout_s:g} s) twice, the second time alone in a "
+            "fresh worker (a decoder stuck on a crafted file?); skipped. Raise data.decode_timeout_s if it is a "
+            "valid radiograph on a slow board"
+        ),
+    )
 
 
-def _decode_in_pool(jobs: list[Job], workers: int, decode: Callable, take: Callable) -> tuple[list[Job], list[Job]]:
-    """Feed `jobs` to `workers` processes, passing each result to `take`.
+_start_reports = None  # in a decode worker: where it reports each job it starts (see _PoolRun)
 
-    Returns ([], []) when all are done, or, when a worker died, (the jobs in flight, the jobs not yet started).
+
+def _start_worker(start_reports) -> None:
+    global _start_reports
+    _start_reports = start_reports
+    keep_freed_buffers()
+
+
+def _decode_reporting_start(decode: Callable, index: int, job: Job) -> tuple[str, bytes | None, Decoded]:
+    # A few bytes, written at once (SimpleQueue has no feeder thread), so the report is out before a decoder
+    # that holds the GIL can hang, and a worker killed later never leaves half a message in the pipe.
+    _start_reports.put((index, os.getpid(), time.monotonic()))  # CLOCK_MONOTONIC: one clock for every process
+    return decode(job)
+
+
+@dataclass
+class _PoolEnd:
+    """How one pool's run ended: every job done, or the jobs that still need an answer."""
+
+    timed_out: list[Job] = field(default_factory=list)  # their decode passed the limit; their worker was killed
+    in_doubt: list[Job] = field(default_factory=list)  # in flight when a worker died by itself
+    requeue: list[Job] = field(default_factory=list)  # not started, or innocent bystanders of a stopped pool
+
+
+class _PoolRun:
+    """Feed jobs to a pool of spawned workers, passing each result to `take`, with an optional per-file time limit.
+
+    The limit counts from when a worker starts the file, which the worker reports, not from submission:
+    each worker holds _IN_FLIGHT_PER_WORKER jobs so it never waits for the next one, and a file queued
+    behind a slow one must not be blamed for it. (Keeping only `workers` jobs in flight would make
+    submission time nearly start time, but it would idle every worker between files and still count
+    a worker's start-up, seconds on a loaded board, against its first file.)
+    A ProcessPoolExecutor cannot cancel a running call, so a file over the limit has its worker killed;
+    that breaks the pool, which stops its other workers, and the files they held are queued again.
     """
-    queue = iter(jobs)
-    with _spawn_pool(workers) as pool:
-        in_flight: dict = {}
-        try:
-            while True:
-                for job in queue:
-                    in_flight[pool.submit(decode, job)] = job
-                    if len(in_flight) >= workers * _IN_FLIGHT_PER_WORKER:
-                        break
-                if not in_flight:
-                    return [], []
-                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                for future in done:
-                    take(future.result())  # raises BrokenProcessPool when a worker died
-                    del in_flight[future]
-        except BrokenProcessPool:
-            return list(in_flight.values()), list(queue)
+
+    def __init__(self, workers: int, decode: Callable, take: Callable, timeout_s: float):
+        self.workers, self.decode, self.take, self.timeout_s = workers, decode, take, timeout_s
+        self.context = multiprocessing.get_context("spawn")
+        self.in_flight: dict = {}  # future -> (index, job)
+        self.started: dict[int, tuple[int, float]] = {}  # index -> (worker pid, monotonic start)
+        self.stopped: set[int] = set()  # indices whose worker was killed for passing the limit
+
+    def run(self, jobs: list[Job]) -> _PoolEnd:
+        queue = iter(enumerate(jobs))
+        start_reports = self.context.SimpleQueue()
+        pool = ProcessPoolExecutor(
+            self.workers, mp_context=self.context, initializer=_start_worker, initargs=(start_reports,)
+        )
+        with pool, contextlib.closing(start_reports):
+            try:
+                return self._feed(pool, queue, start_reports)
+            except BrokenProcessPool:
+                return self._after_break([job for _, job in queue])
+            except BaseException:  # Ctrl-C, a full disk in `take`: leaving the pool would wait for a stuck decode
+                self._read_start_reports(start_reports)
+                self._kill(index for future, (index, _) in self.in_flight.items() if not future.done())
+                raise
+
+    def _feed(self, pool: ProcessPoolExecutor, queue: Iterator[tuple[int, Job]], start_reports) -> _PoolEnd:
+        while True:
+            for index, job in queue:
+                self.in_flight[pool.submit(_decode_reporting_start, self.decode, index, job)] = (index, job)
+                if len(self.in_flight) >= self.workers * _IN_FLIGHT_PER_WORKER:
+                    break
+            if not self.in_flight:
+                return _PoolEnd()
+            done, _ = wait(self.in_flight, timeout=self._until_next_deadline(), return_when=FIRST_COMPLETED)
+            for future in done:
+                self.take(future.result())  # raises BrokenProcessPool when a worker died (or was stopped)
+                del self.in_flight[future]
+            self._read_start_reports(start_reports)  # also without a limit: unread, they would fill the pipe
+            if self.timeout_s:
+                self._stop_overdue()
+
+    def _read_start_reports(self, start_reports) -> None:
+        while not start_reports.empty():
+            index, pid, started = start_reports.get()
+            self.started[index] = (pid, started)
+
+    def _until_next_deadline(self) -> float | None:
+        """Seconds to wait for a result before looking for a file over the limit (None: no limit)."""
+        if not self.timeout_s:
+            return None
+        now = time.monotonic()
+        running = [
+            self.started[i][1] for i, _ in self.in_flight.values() if i in self.started and i not in self.stopped
+        ]
+        return max(0.0, min([*running, now]) + self.timeout_s - now)  # a file starting now is due last
+
+    def _stop_overdue(self) -> None:
+        now = time.monotonic()
+        overdue = [
+            index
+            for future, (index, _) in self.in_flight.items()
+            if not future.done()
+            and index in self.started
+            and index not in self.stopped
+            and now - self.started[index][1] > self.timeout_s
+        ]
+        self.stopped.update(overdue)
+        self._kill(overdue)
+
+    def _kill(self, indices: Iterable[int]) -> None:
+        for index in indices:
+            if index in self.started:
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: the pool reports that too
+                    os.kill(self.started[index][0], signal.SIGKILL)
+
+    def _after_break(self, not_started: list[Job]) -> _PoolEnd:
+        """Keep every result that arrived; sort the other jobs in flight by what they need next."""
+        end = _PoolEnd(requeue=not_started)
+        unanswered = []
+        for future, (index, job) in self.in_flight.items():
+            if future.done() and future.exception() is None:
+                self.take(future.result())
+            elif index in self.stopped:
+                end.timed_out.append(job)
+            else:
+                unanswered.append(job)
+        if self.stopped:  # the pool was stopped on purpose: the others did nothing wrong
+            end.requeue[:0] = unanswered
+        else:
+            end.in_doubt = unanswered
+        return end
 
 
-def _retry_alone(job: Job, decode: Callable) -> tuple[str, bytes | None, Decoded]:
-    """One file in a fresh single-worker pool: its result, or worker-died when it kills that worker too."""
-    with _spawn_pool(1) as pool:
-        try:
-            return pool.submit(decode, job).result()
-        except BrokenProcessPool:
-            return job[0], None, _worker_died()
+def _retry_alone(job: Job, decode: Callable, timeout_s: float) -> tuple[str, bytes | None, Decoded]:
+    """One file in a fresh single-worker pool: its result, or why it has none when it fails there too."""
+    outcome: list = []
+    end = _PoolRun(1, decode, outcome.append, timeout_s).run([job])
+    if end.timed_out:
+        return job[0], None, _timed_out(timeout_s)
+    if end.in_doubt:
+        return job[0], None, _worker_died()
+    return outcome[0]
+
+
+def _decode_here(job: Job, decode: Callable, timeout_s: float, log: Log) -> tuple[str, bytes | None, Decoded]:
+    """Decode in this process (workers: 1), where nothing can stop a decoder stuck in C: name the file, at least."""
+    if not timeout_s:
+        return decode(job)
+    warning = threading.Timer(
+        timeout_s,
+        log,
+        [
+            f"{job[0]}: still decoding after data.decode_timeout_s ({timeout_s:g} s); with data.workers 1 it cannot "
+            "be stopped (interrupt, move the file aside, or set data.workers to 2 or more to have it skipped)"
+        ],
+    )
+    warning.daemon = True
+    warning.start()
+    try:
+        return decode(job)
+    finally:
+        warning.cancel()
 
 
 class ImageCache:
@@ -239,9 +380,11 @@ class ImageCache:
         max_pixels: int = DEFAULT_MAX_PIXELS,
         log: Log = print,
         decode: Callable | None = None,
+        timeout_s: float = 0.0,
     ) -> tuple[dict[str, Decoded], dict[str, bytes]]:
         """(Decoded per path, content sha256 per readable path): from the cache when the content is known,
-        else decoded in `workers` processes. `decode` replaces decode_one (tests kill workers with it)."""
+        else decoded in `workers` processes, each file within `timeout_s` seconds (0: no limit).
+        `decode` replaces decode_one (tests kill or hang workers with it)."""
         decode = decode or decode_one
         paths = list(dict.fromkeys(paths))
         # One thread: ~0.3 s per 200 MB here, and hashing threads fought over the GIL (2-4x slower on a busy machine).
@@ -257,7 +400,8 @@ class ImageCache:
         def take(outcome: tuple[str, bytes | None, Decoded]) -> None:
             nonlocal stored
             path, png, decoded = outcome
-            self._store(contents[path], png, decoded)
+            if decoded.reason != DECODE_TIMEOUT:  # that depends on this run's limit and load, not on the file
+                self._store(contents[path], png, decoded)
             by_content[contents[path]] = decoded
             progress(1)
             stored += 1
@@ -265,12 +409,12 @@ class ImageCache:
                 self.db.commit()  # a killed run keeps what it decoded
 
         try:
-            if workers <= 1 or len(jobs) <= 1:
+            if workers <= 1 or (len(jobs) <= 1 and not timeout_s):
                 keep_freed_buffers()  # in this process: no pool to start for a single worker
                 for job in jobs:
-                    take(decode(job))
+                    take(_decode_here(job, decode, timeout_s, log))
             else:
-                self._decode_parallel(jobs, workers, decode, take, log)
+                self._decode_parallel(jobs, workers, decode, take, log, timeout_s)
         except sqlite3.OperationalError as err:
             raise UserError(
                 f"writing the decode cache {self.path} failed ({err}); free some space (or use another --data-dir) "
@@ -284,19 +428,27 @@ class ImageCache:
         progress(len(paths) - len(jobs))  # cached, unreadable, or the same bytes as another path
         return results, contents
 
-    def _decode_parallel(self, jobs: list[Job], workers: int, decode: Callable, take: Callable, log: Log) -> None:
-        """Decode in a pool; when a worker dies, retry the files it may have held one by one, then go on."""
+    def _decode_parallel(
+        self, jobs: list[Job], workers: int, decode: Callable, take: Callable, log: Log, timeout_s: float
+    ) -> None:
+        """Decode in a pool. A file over the time limit, or the files a worker that died may have held, are
+        retried one by one, each alone in a fresh worker; then the rest go on in a new pool."""
         remaining = jobs
         while remaining:
-            in_doubt, remaining = _decode_in_pool(remaining, min(workers, len(remaining)), decode, take)
-            if not in_doubt:
-                return
-            log(
-                f"a decode worker died (killed by the system?) while decoding one of: {', '.join(job[0] for job in in_doubt)}; "
-                "retrying each of them alone in a fresh worker"
-            )
-            for job in in_doubt:
-                outcome = _retry_alone(job, decode)
-                if outcome[2].reason == "worker-died":
+            end = _PoolRun(min(workers, len(remaining)), decode, take, timeout_s).run(remaining)
+            for job in end.timed_out:
+                log(
+                    f"{job[0]}: still decoding after data.decode_timeout_s ({timeout_s:g} s); "
+                    "stopped its worker, retrying it alone in a fresh one"
+                )
+            if end.in_doubt:
+                log(
+                    f"a decode worker died (killed by the system?) while decoding one of: {', '.join(job[0] for job in end.in_doubt)}; "
+                    "retrying each of them alone in a fresh worker"
+                )
+            for job in end.timed_out + end.in_doubt:
+                outcome = _retry_alone(job, decode, timeout_s)
+                if outcome[2].reason in (DECODE_TIMEOUT, WORKER_DIED):
                     log(f"skipped {job[0]}: {outcome[2].detail}")
                 take(outcome)
+            remaining = end.requeue

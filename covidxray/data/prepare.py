@@ -195,7 +195,13 @@ def _decode(
     paths = [str(r.image) for r in records]
     progress(0, len(set(paths)))
     decoded, contents = cache.decode_all(
-        paths, config.image_size, config.workers or os.cpu_count() or 1, progress, config.max_pixels, log
+        paths,
+        config.image_size,
+        config.workers or os.cpu_count() or 1,
+        progress,
+        config.max_pixels,
+        log,
+        timeout_s=config.decode_timeout_s,
     )
     usable, failed = [], []
     for record in records:
