@@ -291,6 +291,17 @@ def test_an_image_declaring_too_many_pixels_is_refused_before_decoding(pixel_bom
         assert png is None and decoded.reason == "too-large"
 
 
+def test_raising_max_pixels_takes_effect_on_the_next_run_despite_the_decode_cache(tmp_path):
+    """A refusal that depends on a limit is not cached: the user told to raise data.max_pixels must see it work."""
+    path = tmp_path / "big.png"
+    cv2.imwrite(str(path), xray(1, 300))
+    cache_file = tmp_path / "cache.sqlite"
+    results, _, _ = decode_in_a_thread(cache_file, [str(path)], 1, max_pixels=300 * 300 - 1)
+    assert results[str(path)].reason == "too-large"
+    results, _, _ = decode_in_a_thread(cache_file, [str(path)], 1, max_pixels=300 * 300)
+    assert results[str(path)].ok and results[str(path)].pixel_sha256 == direct_decode(str(path)).pixel_sha256
+
+
 def test_max_pixels_is_configurable_and_checked_after_decoding_too(tmp_path):
     path = tmp_path / "big.png"
     cv2.imwrite(str(path), xray(1, 300))

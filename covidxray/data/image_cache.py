@@ -56,6 +56,9 @@ _COMMIT_EVERY = 64
 _IN_FLIGHT_PER_WORKER = 2  # enough to keep every worker busy; also bounds the files suspected when one dies
 WORKER_DIED = "worker-died"  # the reason of a file that killed its decode worker twice
 DECODE_TIMEOUT = "decode-timeout"  # the reason of a file dropped for decoding longer than data.decode_timeout_s twice
+# Outcomes that depend on this run's limits and machine (data.max_pixels, data.decode_timeout_s, free memory),
+# not on the file alone: never cached, so raising a limit or lowering data.workers takes effect on the next run.
+_NOT_CACHED = frozenset({DECODE_TIMEOUT, WORKER_DIED, "too-large"})
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 Job = tuple[str, int, int]  # (path, image size, max pixels)
 Log = Callable[[str], None]
@@ -400,7 +403,7 @@ class ImageCache:
         def take(outcome: tuple[str, bytes | None, Decoded]) -> None:
             nonlocal stored
             path, png, decoded = outcome
-            if decoded.reason != DECODE_TIMEOUT:  # that depends on this run's limit and load, not on the file
+            if decoded.reason not in _NOT_CACHED:
                 self._store(contents[path], png, decoded)
             by_content[contents[path]] = decoded
             progress(1)
