@@ -7,7 +7,7 @@ import pytest
 
 from covidxray.edge import ood
 from covidxray.edge.calibration import apply_temperature
-from covidxray.export.calibration import fit_temperature
+from covidxray.export.calibration import LOG_T_BOUNDS, calibration_summary, fit_temperature
 from covidxray.train.metrics import expected_calibration_error
 
 
@@ -49,6 +49,17 @@ def test_temperature_scaling_lowers_ece_on_held_out_overconfident_predictions():
     before, after = ece_oracle(labels, held_out), ece_oracle(labels, apply_temperature(held_out, temperature, 1e-7))
     assert before > 0.1 and after < before / 3
     assert expected_calibration_error(labels, held_out) == pytest.approx(before)
+
+
+def test_a_perfectly_separated_val_split_is_reported_at_the_search_bound():
+    """Every argmax right: the NLL keeps falling as T -> 0, so there is no finite optimum to report as one."""
+    reported, labels = overconfident_set(4, 500, 0.5)
+    separated = reported.copy()
+    separated[np.arange(len(labels)), labels] += 1.0  # the labelled class now always wins
+    separated /= separated.sum(axis=1, keepdims=True)
+    summary = calibration_summary(separated, labels, floor=1e-7)
+    assert summary["at_search_bound"] and summary["value"] == pytest.approx(np.exp(LOG_T_BOUNDS[0]), rel=1e-3)
+    assert not calibration_summary(reported, labels, floor=1e-7)["at_search_bound"]  # an ordinary set: inside
 
 
 def test_temperature_keeps_the_class_and_one_is_the_identity():

@@ -173,6 +173,7 @@ def test_sidecar_temperature_and_ood_threshold_are_what_val_says(all_formats_run
     """Independent recomputation: NLL minimum over T on val, and the largest val distance x the margin."""
     from covidxray.config import ExportConfig
     from covidxray.edge.litert import TFLiteClassifier
+    from covidxray.export.calibration import LOG_T_BOUNDS
     from covidxray.export.tflite import load_split
 
     images, labels = load_split(synthetic_data, "val")
@@ -188,7 +189,10 @@ def test_sidecar_temperature_and_ood_threshold_are_what_val_says(all_formats_run
             return float(-log_softmax[np.arange(len(labels)), labels].mean())
 
         t = card["temperature"]["value"]
-        assert t > 0 and nll(t) <= min(nll(t * 1.05), nll(t / 1.05)) + 1e-9, (fmt, t)
+        low, high = np.exp(LOG_T_BOUNDS)
+        neighbours = [n for n in (t * 1.05, t / 1.05) if low <= n <= high]  # a minimum over the searched range
+        assert t > 0 and nll(t) <= min(map(nll, neighbours)) + 1e-9, (fmt, t)
+        assert card["temperature"]["at_search_bound"] == (len(neighbours) < 2)
         assert card["temperature"]["nll_after"] <= card["temperature"]["nll_before"] + 1e-9
         distances = []
         for e in embeddings:

@@ -45,6 +45,9 @@ def calibration_summary(probabilities: np.ndarray, labels: np.ndarray, floor: fl
     scaled = apply_temperature(probabilities, temperature, floor)
     return {
         "value": temperature,
+        # At a bound the NLL still fell towards it: e.g. a val split the model separates perfectly, where
+        # sharpening never stops paying. The value is then the search limit, not an estimate.
+        "at_search_bound": bool(np.min(np.abs(np.log(temperature) - np.array(LOG_T_BOUNDS))) < 1e-3),
         "fitted_on": "val",
         "images": int(len(labels)),
         "nll_before": negative_log_likelihood(np.maximum(probabilities, floor), labels),

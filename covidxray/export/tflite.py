@@ -190,6 +190,12 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             entry["meets_bar"] = entry["agreement"] >= config.export.int8_min_agreement
             entry["c_array"] = [p.name for p in write_c_array(out, card["labels"], int(card["image_size"]))]
         report[fmt] = entry
+        if sidecar["temperature"]["at_search_bound"]:
+            say(
+                f"warning: {fmt}: the temperature stopped at its search limit {entry['temperature']:.3g}: the val split "
+                "gives no finite optimum (the model separates it perfectly?), so predict's probabilities are as sharp "
+                "as the limit allows; a larger or harder val split (data.val_fraction) gives a fitted value"
+            )
         say(
             f"{fmt}: {out} {entry['bytes'] / 1e6:.2f} MB, agreement with Keras {entry['agreement']:.2%}, "
             f"accuracy {entry['accuracy']:.2%} ({entry['accuracy_delta']:+.2%}), temperature {entry['temperature']:.3f} "
