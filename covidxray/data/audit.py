@@ -117,17 +117,7 @@ def audit(
     with tempfile.TemporaryDirectory() as scratch:
         cache_file = cache_path(data_dir if prepared else Path(scratch), config.image_size)
         with ImageCache(cache_file, log) as cache:
-            paths = [str(r.image) for r in records]
-            progress(0, len(set(paths)))
-            decoded, _ = cache.decode_all(
-                paths,
-                config.image_size,
-                config.workers or os.cpu_count() or 1,
-                progress,
-                config.max_pixels,
-                log,
-                timeout_s=config.decode_timeout_s,
-            )
+            decoded, _ = cache.decode_configured([str(r.image) for r in records], config, progress, log)
     usable = [r for r in records if decoded[str(r.image)].ok]
     if len(usable) < len(records):
         log(

@@ -42,12 +42,16 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from covidxray.data import dedup, near_duplicates
 from covidxray.edge import preprocess, radiograph_gate
 from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
 from covidxray.files import sha256_file
+
+if TYPE_CHECKING:
+    from covidxray.config import DataConfig
 
 _SCHEMA_VERSION = 3  # 3: + near-duplicate features; 2: keyed by content sha256 (1 was path, size, mtime)
 _SCHEMA = """CREATE TABLE IF NOT EXISTS images (
@@ -372,6 +376,21 @@ class ImageCache:
         self.db.execute(
             "INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?, ?)",
             (content, png, decoded.pixel_sha256, decoded.phash, decoded.features, decoded.reason, decoded.detail),
+        )
+
+    def decode_configured(
+        self, paths: list[str], config: DataConfig, progress: Callable, log: Log
+    ) -> tuple[dict[str, Decoded], dict[str, bytes]]:
+        """decode_all with data.image_size, data.workers (0: one per core), data.max_pixels and data.decode_timeout_s."""
+        progress(0, len(set(paths)))
+        return self.decode_all(
+            paths,
+            config.image_size,
+            config.workers or os.cpu_count() or 1,
+            progress,
+            config.max_pixels,
+            log,
+            timeout_s=config.decode_timeout_s,
         )
 
     def decode_all(

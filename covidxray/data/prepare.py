@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -192,17 +191,7 @@ def write_split_table(path: Path, splits: dict[str, list[Record]], task: Task) -
 def _decode(
     records: list[Record], config: DataConfig, cache: ImageCache, progress: Progress, log
 ) -> tuple[list[Record], dict[str, Decoded], dict[str, bytes], list[tuple[str, Dropped]]]:
-    paths = [str(r.image) for r in records]
-    progress(0, len(set(paths)))
-    decoded, contents = cache.decode_all(
-        paths,
-        config.image_size,
-        config.workers or os.cpu_count() or 1,
-        progress,
-        config.max_pixels,
-        log,
-        timeout_s=config.decode_timeout_s,
-    )
+    decoded, contents = cache.decode_configured([str(r.image) for r in records], config, progress, log)
     usable, failed = [], []
     for record in records:
         outcome = decoded[str(record.image)]
