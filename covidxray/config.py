@@ -138,7 +138,9 @@ class ExportConfig:
     int8_min_agreement: float = setting(0.98, low=0.0, high=1.0)
     representative_samples: int = setting(200, low=1)
     # Out-of-distribution threshold = the largest val-split distance x this (covidxray/edge/ood.py).
-    ood_margin: float = setting(1.2, above=0.0, high=100.0)
+    ood_margin: float = setting(2.0, above=0.0, high=100.0)
+    # Chest-layout threshold = the largest val-split layout score x this (covidxray/edge/chest_layout.py).
+    layout_margin: float = setting(1.2, above=0.0, high=100.0)
 
 
 @dataclass

@@ -3,10 +3,13 @@
 Every image goes through `covidxray.edge.predict.predict_path`, exactly what
 `covidxray predict` runs: decoding (which already refuses colour photos and
 DICOM whose Modality is not a radiograph), the cheap checks of
-covidxray/edge/radiograph_gate.py, then the exported model's
-out-of-distribution score against the threshold in its sidecar. An image
-counts as rejected when it gets no class, whichever step refused it; the
-tables say which step did.
+covidxray/edge/radiograph_gate.py, the exported model's out-of-distribution
+score, then the chest-layout score (covidxray/edge/chest_layout.py), each
+against the threshold in the sidecar. An image counts as rejected when it
+gets no class, whichever step refused it; the tables say which step did.
+Both scores are also computed for every image that reaches the model, so the
+margin table shows what other export.ood_margin / export.layout_margin
+values would give without exporting again.
 
 The image sets are described in scripts/gate_corpus.py: every real
 radiograph in ../shared/data (about 6,000), and photos, documents, blank
@@ -28,7 +31,10 @@ from pathlib import Path
 import _bench
 import gate_corpus
 
-REJECTED_BY = ("decoder", "cheap checks", "ood score")
+from covidxray.edge.predict import LAYOUT_REASON, OOD_REASON
+
+REJECTED_BY = ("decoder", "cheap checks", "ood score", "chest layout")
+REACHED_THE_MODEL = ("classified", "ood score", "chest layout")
 
 
 def outcome(result: dict) -> str:
@@ -36,37 +42,54 @@ def outcome(result: dict) -> str:
     if "label" in result:
         return "classified"
     if "rejected" in result:
-        return "ood score" if result["reason"] == "out-of-distribution" else "cheap checks"
+        return {OOD_REASON: "ood score", LAYOUT_REASON: "chest layout"}.get(result["reason"], "cheap checks")
     return "unreadable" if result["reason"] in ("unreadable", "unsupported") else "decoder"
 
 
+def model_scores(path: Path, classifier) -> tuple[float, float]:
+    """(OOD distance, chest-layout score) of an image that reached the model; inf for a check the sidecar lacks."""
+    from covidxray.edge.preprocess import as_model_input, load_gray
+
+    image = as_model_input(load_gray(path), classifier.image_size)
+    distance = classifier.ood_distance(classifier.infer(image)[1])
+    layout = classifier.layout.score(image) if classifier.layout else None
+    return (float("inf") if distance is None else distance), (float("inf") if layout is None else layout)
+
+
 def margin_sensitivity(
-    ood: dict | None,
-    scores: dict[str, list[float]],
-    refused_radiographs: int,
-    radiographs: int,
-    rejected_others: int,
-    others: int,
+    card: dict, scores: dict[str, list[tuple[str, float, float]]], refused_before: Counter, judged: Counter
 ) -> list[dict]:
-    """Rates at larger margins: an image refused by the OOD score at distance d stays refused while d > val max x margin."""
+    """Both goals at other margins, from the two scores (file, OOD, layout) of every image that reached the model.
+
+    `refused_before[kind]`: images of that kind the decoder or the cheap checks refused (they stay refused);
+    `judged[kind]`: the denominators. A margin of None: that check off.
+    """
+    ood, layout = card.get("ood"), card.get("layout")
     if not ood:
         return []
-    val_max, current = ood["val_distance"]["max"], ood["margin"]
+    ood_max = ood["val_distance"]["max"]
+    layout_max = layout["val_score"]["max"] if layout else float("inf")
+    ood_margins = sorted({ood["margin"], 1.2, 1.5, 2.0, 3.0})
+    layout_margins = [None, *sorted({layout["margin"], 1.0, 1.2, 1.3, 1.5, 2.0})] if layout else [None]
     rows = []
-    for margin in sorted({current, *(m for m in (1.5, 2.0, 3.0) if m > current)}):
-        threshold = val_max * margin
-        kept_radiographs = sum(d <= threshold for d in scores["radiograph"])
-        kept_others = sum(d <= threshold for d in scores["other"])
-        rows.append(
-            {
-                "margin": margin,
-                "threshold": threshold,
-                "false_rejections": refused_radiographs - kept_radiographs,
-                "false_rejection_rate": (refused_radiographs - kept_radiographs) / radiographs,
-                "rejected": rejected_others - kept_others,
-                "rejection_rate": (rejected_others - kept_others) / others,
+    for ood_margin in ood_margins:
+        for layout_margin in layout_margins:
+            layout_limit = float("inf") if layout_margin is None else layout_max * layout_margin
+            refused = {
+                kind: refused_before[kind]
+                + sum(d > ood_max * ood_margin or s > layout_limit for _, d, s in scores[kind])
+                for kind in ("radiograph", "other")
             }
-        )
+            rows.append(
+                {
+                    "ood_margin": ood_margin,
+                    "layout_margin": layout_margin,
+                    "false_rejections": refused["radiograph"],
+                    "false_rejection_rate": refused["radiograph"] / judged["radiograph"],
+                    "rejected": refused["other"],
+                    "rejection_rate": refused["other"] / judged["other"],
+                }
+            )
     return rows
 
 
@@ -109,17 +132,17 @@ def main() -> None:
     others = gate_corpus.non_radiographs(args.shared, args.workdir / "gate-corpus")
     counts: dict[tuple, Counter] = defaultdict(Counter)
     refused_radiographs, passed_others = [], []
-    ood_scores: dict[str, list[float]] = {
-        "radiograph": [],
-        "other": [],
-    }  # distances of the images the OOD score refused
+    scores: dict[str, list[tuple[str, float, float]]] = {"radiograph": [], "other": []}  # (file, OOD, layout)
+    refused_before = Counter()  # by the decoder or the cheap checks (an unreadable non-radiograph counts as refused)
     for kind, items in (("radiograph", radiographs), ("other", others)):
         for item in items:
             result = predict_path(item.path, classifier)
             step = outcome(result)
             counts[(kind, item.category, item.form)][step] += 1
-            if step == "ood score":
-                ood_scores[kind].append(result["score"])
+            if step in REACHED_THE_MODEL:
+                scores[kind].append((f"{item.path} ({item.form})", *model_scores(item.path, classifier)))
+            elif step != "unreadable" or kind == "other":
+                refused_before[kind] += 1
             if kind == "radiograph" and step not in ("classified", "unreadable"):
                 refused_radiographs.append({"file": str(item.path), **result})
             if kind == "other" and step == "classified":
@@ -147,7 +170,8 @@ def main() -> None:
         )
     bench.table(
         f"predict on real radiographs and on non-radiographs ({classifier.card.get('model')} @{classifier.image_size} px, {args.format}, "
-        f"OOD threshold {classifier.ood.threshold if classifier.ood else float('nan'):.2f})",
+        f"OOD threshold {classifier.ood.threshold if classifier.ood else float('nan'):.2f}, "
+        f"chest-layout threshold {classifier.layout.threshold if classifier.layout else float('nan'):.2f})",
         [
             "set",
             "category",
@@ -169,21 +193,16 @@ def main() -> None:
     rejection = 1 - len(passed_others) / total_others
     pixel_others = [v for (kind, _, form), v in counts.items() if kind == "other" and form == "pixels"]
     margins = margin_sensitivity(
-        classifier.card.get("ood"),
-        ood_scores,
-        len(refused_radiographs),
-        judged_radiographs,
-        total_others - len(passed_others),
-        total_others,
+        classifier.card, scores, refused_before, Counter(radiograph=judged_radiographs, other=total_others)
     )
     if margins:
         bench.table(
-            "what a larger export.ood_margin would change (from the distances above; a larger margin only un-rejects)",
-            ["ood_margin", "threshold", "false rejections", "non-radiographs rejected"],
+            "other export.ood_margin / export.layout_margin (from both scores of every image that reached the model; off: no layout check)",
+            ["ood_margin", "layout_margin", "false rejections", "non-radiographs rejected"],
             [
                 [
-                    m["margin"],
-                    f"{m['threshold']:.2f}",
+                    m["ood_margin"],
+                    "off" if m["layout_margin"] is None else m["layout_margin"],
                     f"{m['false_rejections']} ({m['false_rejection_rate']:.2%})",
                     f"{m['rejected']} ({m['rejection_rate']:.1%})",
                 ]
@@ -196,6 +215,7 @@ def main() -> None:
         "model": classifier.card.get("model"),
         "image_size": classifier.image_size,
         "ood": {k: v for k, v in (classifier.card.get("ood") or {}).items() if k not in ("means", "precision")},
+        "layout": {k: v for k, v in (classifier.card.get("layout") or {}).items() if k not in ("mean", "precision")},
         "radiographs_judged": judged_radiographs,
         "false_rejection_rate": false_rejection,
         "refused_radiographs": refused_radiographs,
@@ -203,7 +223,11 @@ def main() -> None:
         "rejection_rate": rejection,
         "non_radiographs_classified": passed_others,
         "margin_sensitivity": margins,
-        "ood_scores": ood_scores,
+        "non_radiographs_scored": scores["other"],  # [file (form), OOD distance, layout score]
+        "radiographs_highest": {  # the five real radiographs nearest to each threshold
+            name: sorted(scores["radiograph"], key=lambda row: -row[column])[:5]
+            for column, name in ((1, "ood"), (2, "layout"))
+        },
         "pixels_only_rejection_rate": 1
         - sum(v["classified"] for v in pixel_others) / max(1, sum(sum(v.values()) for v in pixel_others)),
         "by_category": table,

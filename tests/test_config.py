@@ -69,6 +69,8 @@ def test_cli_reports_missing_data_without_traceback(tmp_path):
         ("train.gradient_compression=fp8", "train.gradient_compression: 'fp8' is not one of none, fp16"),
         ("train.fusion_buffer_mb=-1", "train.fusion_buffer_mb: -1 is below the minimum 0"),
         ("train.cycle_time_ms=0", "train.cycle_time_ms: 0.0 must be greater than 0"),
+        ("export.layout_margin=0", "export.layout_margin: 0.0 must be greater than 0"),
+        ("export.layout_margin=500", "export.layout_margin: 500.0 is above the maximum 100"),
     ],
 )
 def test_out_of_range_values_are_rejected_with_the_key(override, message):

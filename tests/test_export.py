@@ -203,3 +203,33 @@ def test_sidecar_temperature_and_ood_threshold_are_what_val_says(all_formats_run
         assert card["ood"]["val_images"] == len(labels)
         report = json.loads((all_formats_run / "export_report.json").read_text())[fmt]
         assert report["temperature"] == t and 0 <= report["test_over_ood_threshold"] <= 0.05
+
+
+def test_sidecar_layout_threshold_is_the_largest_val_score_times_the_margin(all_formats_run, synthetic_data):
+    """Independent recomputation from the stored mean and precision: each val image shrunk to 12 px,
+    standardised, Mahalanobis distance of it or of its negative, whichever is smaller; one fit for every format."""
+    import base64
+
+    import cv2
+
+    from covidxray.config import ExportConfig
+    from covidxray.export.tflite import load_split
+
+    images, _ = load_split(synthetic_data, "val")
+    entry = json.loads((all_formats_run / "model-float32.json").read_text())["layout"]
+    mean = np.frombuffer(base64.b64decode(entry["mean"]), "<f4").astype(np.float64)
+    precision = np.frombuffer(base64.b64decode(entry["precision"]), "<f4").astype(np.float64).reshape(144, 144)
+
+    def score(image: np.ndarray) -> float:
+        small = cv2.resize(image[:, :, 0], (12, 12), interpolation=cv2.INTER_AREA).ravel().astype(np.float64)
+        vector = (small - small.mean()) / small.std()
+        return min(float(np.sqrt((v - mean) @ precision @ (v - mean))) for v in (vector, -vector))
+
+    largest = max(score(image) for image in images)
+    assert entry["threshold"] == pytest.approx(largest * ExportConfig().layout_margin, rel=1e-4)
+    assert entry["val_images"] == len(images) and entry["val_score"]["max"] == pytest.approx(largest, rel=1e-4)
+    report = json.loads((all_formats_run / "export_report.json").read_text())
+    for fmt in ("float16", "int8"):
+        assert json.loads((all_formats_run / f"model-{fmt}.json").read_text())["layout"] == entry
+        assert report[fmt]["layout_threshold"] == entry["threshold"]
+    assert 0 <= report["float32"]["test_over_layout_threshold"] <= 0.05

@@ -195,3 +195,90 @@ def test_a_film_printed_in_one_tint_is_a_radiograph_and_colour_photos_are_not(sh
         with pytest.raises(ImageError) as caught:
             load_gray(Path(skimage.__file__).parent / "data" / name)
         assert caught.value.reason == "not-xray" and "colour image" in caught.value.detail, name
+
+
+# --- the chest-layout score (covidxray/edge/chest_layout.py) ----------------------------------------------
+
+
+def kaggle_films(shared, folder: str) -> list:
+    return sorted((shared / "chest-xray-pneumonia-224" / "chest_xray" / folder).rglob("*.jpeg"))
+
+
+def model_input(path, size: int = 128) -> np.ndarray:
+    from covidxray.edge.preprocess import as_model_input
+
+    return as_model_input(load_gray(path), size)
+
+
+@pytest.fixture(scope="module")
+def layout_of_real_films():
+    """Fitted as export fits it, on every 6th film of the Kaggle train folder; threshold from another 6th."""
+    from conftest import SHARED_DATA
+
+    from covidxray.config import ExportConfig
+    from covidxray.edge import chest_layout
+
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data not present")
+    films = kaggle_films(SHARED_DATA, "train")
+    entry = chest_layout.fit_with_threshold(
+        map(model_input, films[::6]), map(model_input, films[3::6]), ExportConfig().layout_margin
+    )
+    return chest_layout.LayoutModel.from_sidecar(entry)
+
+
+def test_real_films_the_layout_fit_never_saw_pass_it(layout_of_real_films, shared_data):
+    """Other films of the same collection, other hospitals' PNGs, journal figures, DICOM CR/DX (one an inverted film)."""
+    from covidxray.edge.preprocess import ImageError
+
+    held_out = kaggle_films(shared_data, "test")[::5] + [
+        p for p in real_radiographs(shared_data) if "chest-xray-pneumonia-224" not in str(p)
+    ]
+    scored, refused = 0, []
+    for path in held_out:
+        try:
+            image = model_input(path)
+        except ImageError:
+            continue  # not decodable here: not the gate's call
+        scored += 1
+        score = layout_of_real_films.score(image)
+        if score > layout_of_real_films.threshold:
+            refused.append((path.name, score))
+    assert scored > 250 and refused == [], (layout_of_real_films.threshold, refused)
+    assert any(p.name == "CR-fake-MONO1-retagged-MONO2-pixels.dcm" for p in held_out)
+
+
+def test_an_inverted_film_is_still_a_chest_layout(layout_of_real_films, shared_data):
+    for path in kaggle_films(shared_data, "test")[::60]:
+        negative = 255 - model_input(path)
+        assert layout_of_real_films.score(negative) <= layout_of_real_films.threshold, path.name
+
+
+@pytest.mark.parametrize(
+    "name", ["camera.png", "moon.png", "cell.png", "clock_motion.png", "chelsea.png", "coffee.png", "astronaut.png"]
+)
+def test_real_gray_photos_are_not_a_chest_layout(layout_of_real_films, name):
+    """scikit-image's bundled photos, as gray (colour ones converted): all pass the cheap checks, and the
+    embedding of a small CNN does not separate most of them from films (docs/deploy.md)."""
+    skimage = pytest.importorskip("skimage")
+    from pathlib import Path
+
+    photo = cv2.imread(str(Path(skimage.__file__).parent / "data" / name), cv2.IMREAD_UNCHANGED)
+    gray = cv2.cvtColor(photo[:, :, :3], cv2.COLOR_BGR2GRAY) if photo.ndim == 3 else photo
+    assert radiograph_gate.check(gray).passed
+    from covidxray.edge.preprocess import as_model_input
+
+    score = layout_of_real_films.score(as_model_input(gray, 128))
+    assert score > layout_of_real_films.threshold, (name, score, layout_of_real_films.threshold)
+
+
+def test_the_layout_entry_survives_the_sidecar_json(layout_of_real_films, shared_data):
+    from covidxray.edge import chest_layout
+
+    card = json.loads(json.dumps(layout_of_real_films.to_sidecar({})))
+    again = chest_layout.LayoutModel.from_sidecar(card)
+    images = [model_input(p) for p in kaggle_films(shared_data, "test")[::50]]
+    np.testing.assert_allclose(again.scores(images), layout_of_real_films.scores(images), rtol=1e-6)
+    assert again.threshold == layout_of_real_films.threshold
+    with pytest.raises(chest_layout.OtherVersion):
+        chest_layout.LayoutModel.from_sidecar({**card, "version": chest_layout.VERSION + 1})

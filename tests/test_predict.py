@@ -28,7 +28,10 @@ GATE_REASONS = {
     "near-uniform",
     "text-or-noise",
     "few-gray-levels",
+    "busy-texture",
+    "grainless-blobs",
     "out-of-distribution",
+    "not-chest-layout",
 }
 OPTIONAL = {"gradcam": str}
 REASONS = {"missing", "empty", "unreadable", "not-xray", "unsupported"}
@@ -340,6 +343,14 @@ def sidecar_edits() -> dict:
             lambda card: {**card, "ood": {**card["ood"], "precision": "AAAA"}},
             "out-of-distribution section is damaged",
         ),
+        "damaged layout": (
+            lambda card: {**card, "layout": {**card["layout"], "mean": "AAAA"}},
+            "chest-layout section is damaged",
+        ),
+        "layout of another version": (
+            lambda card: {**card, "layout": {**card["layout"], "version": card["layout"]["version"] + 1}},
+            "chest-layout section is version",
+        ),
     }
 
 
@@ -436,6 +447,33 @@ def test_an_image_the_model_never_saw_the_like_of_is_rejected_by_its_embedding(e
     results = predict_files([tmp_path / "blobs.png", *good], exported_run / "model-float32.tflite")
     assert results[0]["reason"] == "out-of-distribution" and results[0]["score"] > results[0]["limit"]
     assert all("label" in r for r in results[1:]), [r for r in results[1:] if "label" not in r]
+
+
+def test_the_layout_check_answers_with_its_score_and_a_sidecar_without_it_predicts_as_before(
+    exported_run, synthetic_data, tmp_path
+):
+    """Three sidecars for one model: as exported; its layout threshold set to 0 (every image beyond it);
+    the layout entry removed, as in sidecars exported before the check existed."""
+    from covidxray.edge.predict import predict_files
+
+    model = exported_run / "model-float32.tflite"
+    card = json.loads((exported_run / "model-float32.json").read_text())
+    images = held_out_images(synthetic_data, 6)
+
+    def predict_with(name: str, sidecar: dict) -> list[dict]:
+        (tmp_path / name).mkdir()
+        shutil.copy(model, tmp_path / name / model.name)
+        (tmp_path / name / "model-float32.json").write_text(json.dumps(sidecar))
+        results = predict_files(images, tmp_path / name / model.name)
+        check_schema(results)
+        return [{k: v for k, v in r.items() if k != "file"} for r in results]
+
+    exported = predict_with("exported", card)
+    assert all("label" in r for r in exported), exported
+    strict = predict_with("strict", {**card, "layout": {**card["layout"], "threshold": 0.0}})
+    assert all(r["reason"] == "not-chest-layout" and r["score"] > r["limit"] == 0.0 for r in strict), strict
+    before = predict_with("before", {k: v for k, v in card.items() if k != "layout"})
+    assert before == exported
 
 
 @pytest.mark.parametrize("trained", ["other version", "described, before versions"])

@@ -2,8 +2,8 @@
 
 This is what runs on a Pi: it imports `ai_edge_litert` and numpy, never
 TensorFlow. The sidecar JSON beside each .tflite carries labels, input size,
-preprocessing, the training manifest hash, the temperature and the
-out-of-distribution fit, so a model file and its sidecar are all `predict`
+preprocessing, the training manifest hash, the temperature, the
+out-of-distribution fit and the chest-layout fit, so a model file and its sidecar are all `predict`
 needs. The sidecar is checked against the model before any probability is
 shown: a mislabelled probability is worse than no answer.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from covidxray.edge.calibration import apply_temperature
+from covidxray.edge.chest_layout import LayoutModel, OtherVersion
 from covidxray.edge.native_stderr import native_stderr_to
 from covidxray.edge.ood import OodModel
 from covidxray.errors import UserError
@@ -59,6 +60,13 @@ def _sidecar_problem(card, num_classes: int, input_shape: list[int], embedding_d
             return f"out-of-distribution section is damaged ({type(err).__name__}: {err})"
         if dim != embedding_dim or classes > num_classes:
             return f"out-of-distribution section is for {dim}-d embeddings and {classes} classes; the model gives {embedding_dim}-d and {num_classes}"
+    if "layout" in card:
+        try:
+            LayoutModel.from_sidecar(card["layout"])
+        except OtherVersion as err:
+            return f"chest-layout section is {err}: export again with this covidxray (or predict with the one that exported it)"
+        except (TypeError, KeyError, ValueError) as err:
+            return f"chest-layout section is damaged ({type(err).__name__}: {err})"
     return None
 
 
@@ -97,6 +105,7 @@ class TFLiteClassifier:
         self.image_size: int = int(card["image_size"])
         self.temperature = float(card.get("temperature", {}).get("value", 1.0))
         self.ood = OodModel.from_sidecar(card["ood"]) if "ood" in card else None
+        self.layout = LayoutModel.from_sidecar(card["layout"]) if "layout" in card else None  # older exports: no check
 
     def _named_outputs(self) -> dict[str, dict]:
         """Outputs by their signature name (`probabilities`, `embedding`); {} for an unnamed single output."""

@@ -20,20 +20,13 @@ hospitals and scanners, which sit a little further out than the val split.
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
 
 import numpy as np
 
+from covidxray.edge.sidecar_arrays import pack, unpack
+
 METHOD = "Mahalanobis distance to the nearest class mean, shared Ledoit-Wolf covariance (train split)"
-
-
-def _pack(array: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(array, dtype="<f4").tobytes()).decode("ascii")
-
-
-def _unpack(text: str, shape: tuple[int, ...]) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(np.float64).reshape(shape)
 
 
 @dataclass
@@ -56,15 +49,15 @@ class OodModel:
             "dim": dim,
             "threshold": self.threshold,
             **extra,
-            "means": _pack(self.means),
-            "precision": _pack(self.precision),
+            "means": pack(self.means),
+            "precision": pack(self.precision),
         }
 
     @classmethod
     def from_sidecar(cls, entry: dict) -> OodModel:
         classes, dim = int(entry["classes"]), int(entry["dim"])
         return cls(
-            _unpack(entry["means"], (classes, dim)), _unpack(entry["precision"], (dim, dim)), float(entry["threshold"])
+            unpack(entry["means"], (classes, dim)), unpack(entry["precision"], (dim, dim)), float(entry["threshold"])
         )
 
 

@@ -2,8 +2,11 @@
 
 A bad file never stops the others; its entry carries the error instead. An
 image that is not a chest radiograph gets `rejected` instead of a class: by
-the cheap checks of covidxray/edge/radiograph_gate.py, or because its
-embedding lies beyond the out-of-distribution threshold in the sidecar. No
+the cheap checks of covidxray/edge/radiograph_gate.py, because its
+embedding lies beyond the out-of-distribution threshold in the sidecar, or
+because its coarse layout is unlike the training films'
+(covidxray/edge/chest_layout.py; sidecars from before it have no such
+check). No
 TensorFlow here: `--explain` (Grad-CAM on the Keras model, covidxray/export/gradcam.py)
 is handed in by the caller as an `ExplainerFor`.
 """
@@ -26,6 +29,7 @@ Explainer = Callable[[Path, np.ndarray, np.ndarray, int], Path]
 ExplainerFor = Callable[[TFLiteClassifier], Explainer]  # made once the model and its sidecar are loaded (--explain)
 REJECTED = "not a chest radiograph"
 OOD_REASON = "out-of-distribution"
+LAYOUT_REASON = "not-chest-layout"
 
 
 def _is_input_file(path: Path) -> bool:
@@ -73,6 +77,10 @@ def predict_path(path: Path, classifier: TFLiteClassifier, explain: Explainer | 
     distance = classifier.ood_distance(embedding)
     if distance is not None and distance > classifier.ood.threshold:
         return _rejected(path, OOD_REASON, distance, classifier.ood.threshold)
+    if classifier.layout is not None:
+        layout = classifier.layout.score(image)
+        if layout > classifier.layout.threshold:
+            return _rejected(path, LAYOUT_REASON, layout, classifier.layout.threshold)
     probs = classifier.calibrated(raw)
     best = int(probs.argmax())
     result = {

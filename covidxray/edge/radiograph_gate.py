@@ -5,8 +5,9 @@ answers `rejected: not a chest radiograph` instead of a class. These checks
 catch what needs no model: thumbnails too small to read, blank or
 near-constant images, strips and banners, binary-looking images (documents,
 screenshots, drawings), noise, and gradients with no grain at all. Photos,
-CT slices and other body parts look like images and pass here; the model's
-out-of-distribution score (covidxray/edge/ood.py) catches those.
+CT slices and other body parts look like images and pass here; predict leaves
+those to the model's out-of-distribution score (covidxray/edge/ood.py) and the
+chest-layout score (covidxray/edge/chest_layout.py).
 
 Every limit was set from the features of all real radiographs in the
 project's shared sample data (about 6,000, chest-xray-pneumonia, ieee8023,

@@ -6,7 +6,8 @@ named outputs: `probabilities` and `embedding` (the penultimate features, for
 the out-of-distribution score). Per format, through the LiteRT interpreter
 that will run on the board: the temperature and the out-of-distribution
 threshold are fitted on the val split (the OOD means and covariance on train)
-and stored in the sidecar, then parity is measured on the test split, with the
+and stored in the sidecar, with the chest-layout fit (pixels only, so one fit
+serves every format), then parity is measured on the test split, with the
 calibrated probabilities predict will show, against the Keras model.
 """
 
@@ -24,7 +25,7 @@ import tensorflow as tf
 
 from covidxray.config import Config
 from covidxray.data.tfrecord import read_records
-from covidxray.edge import ood
+from covidxray.edge import chest_layout, ood
 from covidxray.edge.litert import EMBEDDING_OUTPUT, TFLiteClassifier
 from covidxray.edge.native_stderr import native_stderr_to
 from covidxray.errors import UserError
@@ -99,6 +100,13 @@ def fit_calibration_and_ood(classifier: TFLiteClassifier, data_dir: Path, margin
     }
 
 
+def fit_chest_layout(data_dir: Path, margin: float) -> dict:
+    """Sidecar entry `layout`: fitted on the train split's model inputs, threshold on val (covidxray/edge/chest_layout.py)."""
+    train = (image for image, _ in iter_split(data_dir, "train"))  # streamed: the split never sits in memory whole
+    val = (image for image, _ in iter_split(data_dir, "val"))
+    return chest_layout.fit_with_threshold(train, val, margin)
+
+
 def write_saved_model(model: tf.keras.Model, run_dir: Path) -> Path:
     """Atomic: a half-written SavedModel never sits at the final path."""
     final = run_dir / SAVED_MODEL_DIR
@@ -153,6 +161,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         "training_manifest_sha256": card.get("manifest_sha256"),
         "int8_min_agreement": config.export.int8_min_agreement,
     }
+    layout = None
     for fmt in formats:
         with native_stderr_to(log):
             flatbuffer = convert(saved_model, fmt, representative)
@@ -165,6 +174,8 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             "keras_model": MODEL_FILE,
         }
         sidecar.update(fit_calibration_and_ood(TFLiteClassifier(out, card=sidecar), data_dir, config.export.ood_margin))
+        layout = layout or fit_chest_layout(data_dir, config.export.layout_margin)  # after the val split was checked
+        sidecar["layout"] = layout
         classifier = TFLiteClassifier(out, card=sidecar)  # calibrated, as predict will run it
         lite_probs, test_embeddings, _ = _run_split(classifier, data_dir, "test")
         lite_pred = classifier.calibrated(lite_probs).argmax(1)
@@ -178,6 +189,10 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             "ood_threshold": sidecar["ood"]["threshold"],
             "test_over_ood_threshold": float(
                 (classifier.ood.distances(test_embeddings) > classifier.ood.threshold).mean()
+            ),
+            "layout_threshold": layout["threshold"],
+            "test_over_layout_threshold": float(
+                (classifier.layout.scores(test_images) > classifier.layout.threshold).mean()
             ),
         }
         entry["accuracy_delta"] = entry["accuracy"] - report["keras"]["accuracy"]
@@ -200,7 +215,8 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             f"{fmt}: {out} {entry['bytes'] / 1e6:.2f} MB, agreement with Keras {entry['agreement']:.2%}, "
             f"accuracy {entry['accuracy']:.2%} ({entry['accuracy_delta']:+.2%}), temperature {entry['temperature']:.3f} "
             f"(val ECE {entry['val_ece_before_after'][0]:.3f} -> {entry['val_ece_before_after'][1]:.3f}), "
-            f"test images beyond the out-of-distribution threshold {entry['test_over_ood_threshold']:.2%}"
+            f"test images beyond the out-of-distribution threshold {entry['test_over_ood_threshold']:.2%}, "
+            f"beyond the chest-layout threshold {entry['test_over_layout_threshold']:.2%}"
         )
     write_json(run_dir / EXPORT_REPORT, report)
     if not report.get("int8", {}).get("meets_bar", True):
