@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -267,3 +268,25 @@ def test_application_backbone_loads_a_local_weights_file_and_refuses_a_wrong_one
         build_model("efficientnet_b0", 64, 3, str(weights))
     with pytest.raises(UserError, match="not found"):
         build_model("small_cnn", 64, 3, str(tmp_path / "missing.h5"))
+
+
+def test_building_the_augmenter_never_contacts_the_network():
+    """albumentations asks PyPI for updates on import; training on a hospital or air-gapped network must not."""
+    probe = (
+        "import os, socket, urllib.request\n"
+        "os.environ.pop('NO_ALBUMENTATIONS_UPDATE', None)\n"
+        "calls = []\n"
+        "def refuse(*args, **kwargs):\n"
+        "    calls.append(args)\n"
+        "    raise OSError('network access attempted')\n"
+        "urllib.request.OpenerDirector.open = refuse\n"
+        "socket.create_connection = refuse\n"
+        "from covidxray.train.input import _augmenter\n"
+        "_augmenter()\n"
+        "print(len(calls))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", probe], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1] == "0"

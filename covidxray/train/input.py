@@ -16,6 +16,7 @@ size^2 x 4 bytes, e.g. 45 MB at 224 px, batch 32, 4 threads.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,9 @@ def rank_records(shards: RankShards, rank: int, size: int, training: bool, seed:
 
 
 def _augmenter():
+    # albumentations asks PyPI for a newer version on import: every rank of every run would contact the
+    # internet from a hospital network, or warn after a 2 s timeout on an air-gapped cluster.
+    os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
     import albumentations as A
 
     return A.Compose(
