@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from covidxray.edge.ood import threshold_on_val
 from covidxray.edge.sidecar_arrays import pack, unpack
 
 # Bump when SIDE, the standardisation or the score changes: a predictor refuses a sidecar of another version.
@@ -135,7 +136,7 @@ def fit_with_threshold(train_images: Iterable[np.ndarray], val_images: Iterable[
     mean, precision, shrinkage, train_count = fit(train_images)
     model = LayoutModel(mean, precision, threshold=0.0)
     val = model.scores(val_images)
-    model.threshold = float(val.max() * margin)
+    model.threshold, summary = threshold_on_val(val, margin)
     return model.to_sidecar(
         {
             "margin": margin,
@@ -143,10 +144,6 @@ def fit_with_threshold(train_images: Iterable[np.ndarray], val_images: Iterable[
             "reframings": REFRAMINGS,
             "train_images": train_count,
             "val_images": int(len(val)),
-            "val_score": {
-                "median": float(np.median(val)),
-                "p99": float(np.percentile(val, 99)),
-                "max": float(val.max()),
-            },
+            "val_score": summary,
         }
     )

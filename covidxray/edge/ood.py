@@ -76,6 +76,13 @@ def fit(
     return means, estimate.precision_, float(estimate.shrinkage_)
 
 
+def threshold_on_val(val_scores: np.ndarray, margin: float) -> tuple[float, dict]:
+    """The rejection threshold (the largest val score x margin, see the module docstring) and the val summary."""
+    val = np.asarray(val_scores, dtype=np.float64)
+    summary = {"median": float(np.median(val)), "p99": float(np.percentile(val, 99)), "max": float(val.max())}
+    return float(val.max() * margin), summary
+
+
 def fit_with_threshold(
     train_embeddings: np.ndarray, train_labels: np.ndarray, val_embeddings: np.ndarray, num_classes: int, margin: float
 ) -> dict:
@@ -83,17 +90,13 @@ def fit_with_threshold(
     means, precision, shrinkage = fit(train_embeddings, train_labels, num_classes)
     model = OodModel(means, precision, threshold=0.0)
     val = model.distances(val_embeddings)
-    model.threshold = float(val.max() * margin)
+    model.threshold, summary = threshold_on_val(val, margin)
     return model.to_sidecar(
         {
             "margin": margin,
             "shrinkage": shrinkage,
             "train_images": int(len(train_labels)),
             "val_images": int(len(val)),
-            "val_distance": {
-                "median": float(np.median(val)),
-                "p99": float(np.percentile(val, 99)),
-                "max": float(val.max()),
-            },
+            "val_distance": summary,
         }
     )
