@@ -117,6 +117,8 @@ class TrainConfig:
     # validation; 0 keeps Keras' moving averages (which lag far behind in short runs).
     bn_recalibration_images: int = setting(1024, low=0)
     augment: bool = True
+    # Scales every augmentation range (train/input.py): 1 = +-8% scale, +-4% shift, +-7 deg, +-12% brightness/contrast.
+    augment_strength: float = setting(1.0, above=0.0, high=3.0)
     class_weights: bool = True
     class_weight_power: float = setting(
         1.0, low=0.0, high=1.0

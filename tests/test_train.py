@@ -290,3 +290,23 @@ def test_building_the_augmenter_never_contacts_the_network():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split()[-1] == "0"
+
+
+@pytest.mark.parametrize("strength", [1.0, 2.0])
+def test_augment_strength_scales_the_brightness_contrast_range(strength):
+    """Oracle: the centre of a flat image (no border fill reaches it) becomes v*alpha + 255*beta with probability
+    0.8, alpha ~ U(1 - 0.12s, 1 + 0.12s), beta ~ U(-0.12s, 0.12s): standard deviation
+    sqrt(0.8) * 0.12s * sqrt((v^2 + 255^2) / 3)."""
+    import random
+
+    import numpy as np
+
+    from covidxray.train.input import _augmenter
+
+    np.random.seed(0)  # albumentations draws from numpy's and Python's global generators
+    random.seed(0)
+    augmenter, value = _augmenter(strength), 100.0
+    flat = np.full((64, 64, 1), value, np.uint8)
+    centres = np.array([augmenter(image=flat)["image"][32, 32, 0] for _ in range(3000)], float)
+    expected = math.sqrt(0.8) * 0.12 * strength * math.sqrt((value**2 + 255**2) / 3)
+    assert np.std(centres) == pytest.approx(expected, rel=0.08)

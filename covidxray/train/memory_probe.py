@@ -70,6 +70,7 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
         batch_size=cfg.batch_size,
         training=True,
         augment=cfg.augment,
+        augment_strength=cfg.augment_strength,
         shuffle_buffer=cfg.shuffle_buffer,
         seed=cfg.seed,
     )

@@ -333,6 +333,7 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
             shard_paths(data_dir, "train"),
             training=True,
             augment=cfg.augment,
+            augment_strength=cfg.augment_strength,
             shuffle_buffer=cfg.shuffle_buffer,
             seed=cfg.seed,
             **data_args,

@@ -1,0 +1,265 @@
+"""How much of the allreduce a real training step hides behind backprop, over the emulated Pi network.
+
+bench_allreduce.py predicts 35 boards from a compute-free allreduce and a training step measured apart, so
+it can only bracket the truth: "no overlap" (the allreduce added to the step) or "full overlap" (hidden).
+Horovod reduces a layer's gradient while backprop is still computing the layers below it, so the truth lies
+between. This benchmark measures where, with the training a user runs:
+
+1. a phantom data set at --image-size px, prepared once in WORKDIR;
+2. reference: `covidxray train` as one process pinned to one core: the step with no allreduce (c);
+3. per --line-mbit: 2 emulated boards (scripts/netcluster.sh, as bench_allreduce.py builds them),
+   `horovodrun -np 2 covidxray train` with each rank pinned to a core of its own (s), and the model's
+   gradient allreduce alone under the same pinning (scripts/_allreduce_probe.py --model: a);
+4. exposed = s - c, the part of the allreduce the step waits for, and hidden = a - exposed, the part
+   backprop covered, also as a share of the compute step (hidden / c).
+5. the step model step = c + o + max(0, a - h), o and h as shares of c: o (what taking part costs a rank
+   even when its allreduce hides) from the fastest line, h from the slower lines.
+
+A step is batch / rank 0's images/s in train_log.json, median over epochs 2..E (epoch 1 traces the graph).
+Pinning one rank per core keeps two ranks from sharing a core, as one rank per board does on a cluster.
+Then the 35-board prediction of bench_allreduce.py's JSON (--allreduce-json: its fit and its compute) is
+redone with that model: exposed at 35 = o x c + max(0, a35 - h x c). Needs root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import sys
+from pathlib import Path
+
+import _bench
+import _ring
+from bench_allreduce import netcluster, state
+
+PROBE = _bench.REPO / "scripts" / "_allreduce_probe.py"
+MODEL = "mobilenet_v3_small"
+
+# horovodrun starts this on each board: rank r runs on core r, as one rank per board has a board to itself.
+_PINNED = '#!/bin/sh\nexec taskset -c "$HOROVOD_RANK" "$@"\n'
+
+
+def train_args(data_dir: Path, run_dir: Path, epochs: int, batch: int, overrides: list[str]) -> list[str]:
+    return [
+        "train",
+        "--data-dir",
+        str(data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--model",
+        MODEL,
+        "--epochs",
+        str(epochs),
+        "--set",
+        f"train.batch_size={batch}",
+        "--set",
+        "train.bn_recalibration_images=64",  # after the timed batches of each epoch: keep the run short
+        *(arg for override in overrides for arg in ("--set", override)),
+    ]
+
+
+def step_seconds(run_dir: Path, batch: int) -> dict:
+    """Rank 0's step in every epoch after the first (graph tracing), and their median.
+
+    Rank 0's, because the other ranks' epoch clocks start while rank 0 still validates and writes the
+    previous epoch's checkpoint, so their first step includes that wait: a cost per epoch, not per step.
+    """
+    history = json.loads((run_dir / "train_log.json").read_text())["epochs"]
+    steps = [batch / entry["images_per_s_per_rank"][0] for entry in history[1:]]
+    return {"steps_s": steps, "step_s": statistics.median(steps)}
+
+
+def horovodrun(cluster: dict, workdir: Path, command: list[str]) -> None:
+    hostfile = workdir / "hostfile-2"
+    hostfile.write_text(f"{cluster['SUBNET']}.11 slots=1\n{cluster['SUBNET']}.12 slots=1\n")
+    pinned = workdir / "pinned.sh"
+    pinned.write_text(_PINNED)
+    pinned.chmod(0o755)
+    netcluster(
+        "exec",
+        "--",
+        str(_bench.VENV_BIN / "horovodrun"),
+        "--gloo",
+        "-np",
+        "2",
+        "--hostfile",
+        str(hostfile),
+        "--ssh-identity-file",
+        f"{cluster['STATE']}/id_ed25519",
+        "--network-interface",
+        "eth0",
+        "--disable-cache",
+        "--start-timeout",
+        "300",
+        str(pinned),
+        *command,
+    )
+
+
+def allreduce_seconds(cluster: dict, workdir: Path, image_size: int, steps: int) -> dict:
+    out = workdir / f"probe-{cluster['LINE_MBIT']}.json"
+    out.unlink(missing_ok=True)
+    probe = [str(_bench.VENV_BIN / "python"), str(PROBE), "--model", MODEL, "--image-size", str(image_size)]
+    horovodrun(cluster, workdir, [*probe, "--steps", str(steps), "--out", str(out)])
+    seconds = json.loads(out.read_text())["seconds"]
+    return {"seconds": seconds, "median_s": statistics.median(seconds)}
+
+
+def main() -> None:
+    bench = _bench.Bench("overlap", __doc__)
+    bench.parser.add_argument("--line-mbit", type=int, nargs="+", default=[1000, 100, 50])
+    bench.parser.add_argument("--image-size", type=int, default=224)
+    bench.parser.add_argument("--batch-size", type=int, default=16, help="per rank (default: %(default)s)")
+    bench.parser.add_argument("--patients", type=int, default=600, help="phantom patients (default: %(default)s)")
+    bench.parser.add_argument("--epochs", type=int, default=4, help="per training run; the first is not timed")
+    bench.parser.add_argument("--probe-steps", type=int, default=20)
+    bench.parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="KEY=VALUE for every `covidxray train` run"
+    )
+    bench.parser.add_argument(
+        "--allreduce-json",
+        type=Path,
+        default=_bench.REPO / "docs" / "bench" / "allreduce-1gbe-idle.json",
+        help="bench_allreduce.py report whose fit and compute step the 35-board prediction reuses",
+    )
+    args = bench.parse({"line_mbit": [1000], "image_size": 64, "patients": 120, "epochs": 2, "probe_steps": 3})
+    if os.geteuid() != 0:
+        sys.exit("bench_overlap.py needs root (it builds network namespaces and tc shaping): run it with sudo")
+    if (os.cpu_count() or 1) < 2:
+        sys.exit("bench_overlap.py pins two ranks to two cores: this machine has one")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` tears the cluster down
+
+    data_dir = _bench.prepared_synthetic(args.workdir / f"data-{args.image_size}", args.image_size, args.patients)
+    reference_run = args.workdir / "run-reference"
+    _bench.run(
+        [
+            "taskset",
+            "-c",
+            "0",
+            *_bench.covidxray(*train_args(data_dir, reference_run, args.epochs, args.batch_size, args.overrides)),
+        ]
+    )
+    compute = step_seconds(reference_run, args.batch_size)
+    results: dict = {"model": MODEL, "image_size": args.image_size, "batch_size_per_rank": args.batch_size}
+    results["reference_one_core"] = compute
+
+    rows = []
+    for line_mbit in args.line_mbit:
+        netcluster("up", "-n", "2", "--line-mbit", str(line_mbit))
+        try:
+            cluster = state()
+            run_dir = args.workdir / f"run-{line_mbit}"
+            train = [
+                str(_bench.VENV_BIN / "covidxray"),
+                *train_args(data_dir, run_dir, args.epochs, args.batch_size, args.overrides),
+            ]
+            horovodrun(cluster, args.workdir, train)
+            step = step_seconds(run_dir, args.batch_size)
+            allreduce = allreduce_seconds(cluster, args.workdir, args.image_size, args.probe_steps)
+        finally:
+            netcluster("down")
+        exposed = step["step_s"] - compute["step_s"]
+        hidden = allreduce["median_s"] - exposed
+        results[str(line_mbit)] = {
+            "two_ranks": step,
+            "allreduce": allreduce,
+            "exposed_s": exposed,
+            "hidden_s": hidden,
+            "hidden_share_of_compute": hidden / compute["step_s"],
+            "load_average_after": os.getloadavg(),
+        }
+        rows.append(
+            [
+                f"{line_mbit} Mbit/s",
+                f"{compute['step_s'] * 1e3:.0f}",
+                f"{step['step_s'] * 1e3:.0f}",
+                f"{allreduce['median_s'] * 1e3:.0f}",
+                f"{exposed * 1e3:.0f}",
+                f"{max(0.0, exposed) / allreduce['median_s']:.2f}",
+                f"{hidden / compute['step_s']:.2f}",
+            ]
+        )
+    bench.table(
+        f"{MODEL}, {args.image_size} px, batch {args.batch_size}: 2 emulated boards, one core per rank",
+        [
+            "line",
+            "step, 1 rank, ms",
+            "step, 2 ranks, ms",
+            "allreduce alone, ms",
+            "exposed, ms",
+            "exposed / allreduce",
+            "hidden / step",
+        ],
+        rows,
+    )
+
+    # Step model, fitted to these runs: step = c + o + max(0, a - h). o is what taking part costs a rank even
+    # when the allreduce hides (Horovod's background thread and the network stack on the rank's cores); h is
+    # how much allreduce backprop can cover. Both are taken as shares of the compute step, since both grow
+    # with it. o comes from the fastest line (its allreduce hides: a < h), h from each slower line's exposure.
+    fastest, *slower = sorted(args.line_mbit, reverse=True)
+    overhead_share = max(0.0, results[str(fastest)]["exposed_s"]) / compute["step_s"]
+    hidden_shares = [
+        overhead_share + (results[str(m)]["allreduce"]["median_s"] - results[str(m)]["exposed_s"]) / compute["step_s"]
+        for m in slower
+    ]
+    hidden_share = min(hidden_shares) if hidden_shares else 0.0  # the least a slower line hid: conservative
+    results["step_model"] = {
+        "overhead_share_of_compute": overhead_share,
+        "hidden_share_of_compute_per_line": dict(zip(map(str, slower), hidden_shares)),
+        "hidden_share_used": hidden_share,
+    }
+
+    report = json.loads(args.allreduce_json.read_text())["results"]
+    line = str(min(map(int, report["line_rates"]), key=lambda m: abs(m - 1000)))
+    points = [
+        (int(ranks), int(size), statistics.median(seconds))
+        for ranks, job in report["line_rates"][line]["float32"].items()
+        for size, seconds in job.items()
+    ]
+    fit = _ring.fit(points)
+    allreduce_35 = _ring.ring_seconds(
+        report["boards"], report["parameters"][MODEL] * 4, fit["bandwidth_bytes_per_s"], fit["latency_s"]
+    )
+    prediction_rows = []
+    for label, step_s in (
+        ("CPU seconds / cores (bench_allreduce.py's figure)", report["compute"][MODEL]["step_s"]),
+        ("wall clock, idle VM, 2 cores", statistics.median(report["compute"][MODEL]["wall_s"])),
+        ("one core of this VM (the reference above)", compute["step_s"]),
+    ):
+        exposed_35 = overhead_share * step_s + max(0.0, allreduce_35 - hidden_share * step_s)
+        efficiency = step_s / (step_s + exposed_35)
+        prediction_rows.append(
+            [
+                label,
+                f"{step_s * 1e3:.0f}",
+                f"{allreduce_35 * 1e3:.0f}",
+                f"{step_s / (step_s + allreduce_35):.1%}",
+                f"{exposed_35 * 1e3:.0f}",
+                f"{efficiency:.1%}",
+            ]
+        )
+        results.setdefault("prediction_35", []).append(
+            {
+                "compute": label,
+                "step_s": step_s,
+                "allreduce_s": allreduce_35,
+                "exposed_s": exposed_35,
+                "efficiency": efficiency,
+            }
+        )
+    bench.table(
+        f"{report['boards']} boards at {line} Mbit/s ({args.allreduce_json.name}'s fit): overhead "
+        f"{overhead_share:.2f} and hidden {hidden_share:.2f} of the compute step",
+        ["compute step", "ms", "allreduce, ms", "efficiency, no overlap", "exposed, ms", "efficiency, measured model"],
+        prediction_rows,
+    )
+    best = max(row["efficiency"] for row in results["prediction_35"])
+    bench.at_least(f"predicted {report['boards']}-board efficiency, {MODEL}, measured step model", best, 0.90)
+    bench.finish(args, results)
+
+
+if __name__ == "__main__":
+    main()
