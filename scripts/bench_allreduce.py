@@ -94,14 +94,10 @@ def link_check(name: str, subnet: str, seconds: float) -> dict:
     return {"tcp_payload_mbit_per_s": payload * 8 / 1e6, "tcp_rtt_s": rtt}
 
 
-def allreduce_job(
-    cluster: dict, ranks: int, sizes_mib: list[float], steps: int, compression: str, workdir: Path
-) -> dict:
-    """One horovodrun job over the emulated boards: {bytes: [seconds of each timed call]}."""
+def horovodrun_on_boards(cluster: dict, ranks: int, workdir: Path, command: list[str]) -> None:
+    """`horovodrun -np RANKS COMMAND` from the launcher namespace, one rank on each of the first RANKS boards, over ssh."""
     hostfile = workdir / f"hostfile-{ranks}"
     hostfile.write_text("".join(f"{cluster['SUBNET']}.{10 + i} slots=1\n" for i in range(1, ranks + 1)))
-    out = workdir / f"allreduce-{cluster['LINE_MBIT']}-{ranks}-{compression}.json"
-    out.unlink(missing_ok=True)
     horovodrun = [
         str(_bench.VENV_BIN / "horovodrun"),
         "--gloo",
@@ -116,6 +112,17 @@ def allreduce_job(
         "--disable-cache",
         "--start-timeout",
         "300",
+    ]
+    netcluster("exec", "--", *horovodrun, *command)
+
+
+def allreduce_job(
+    cluster: dict, ranks: int, sizes_mib: list[float], steps: int, compression: str, workdir: Path
+) -> dict:
+    """One horovodrun job over the emulated boards: {bytes: [seconds of each timed call]}."""
+    out = workdir / f"allreduce-{cluster['LINE_MBIT']}-{ranks}-{compression}.json"
+    out.unlink(missing_ok=True)
+    probe = [
         str(_bench.VENV_BIN / "python"),
         str(PROBE),
         "--sizes-mib",
@@ -129,7 +136,7 @@ def allreduce_job(
         "--out",
         str(out),
     ]
-    netcluster("exec", "--", *horovodrun)
+    horovodrun_on_boards(cluster, ranks, workdir, probe)
     report = json.loads(out.read_text())
     return {entry["bytes"]: entry["seconds"] for entry in report["sizes"]}
 

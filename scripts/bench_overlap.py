@@ -32,7 +32,7 @@ from pathlib import Path
 
 import _bench
 import _ring
-from bench_allreduce import netcluster, state
+from bench_allreduce import horovodrun_on_boards, netcluster, state
 
 PROBE = _bench.REPO / "scripts" / "_allreduce_probe.py"
 MODEL = "mobilenet_v3_small"
@@ -71,38 +71,19 @@ def step_seconds(run_dir: Path, batch: int) -> dict:
     return {"steps_s": steps, "step_s": statistics.median(steps)}
 
 
-def horovodrun(cluster: dict, workdir: Path, command: list[str]) -> None:
-    hostfile = workdir / "hostfile-2"
-    hostfile.write_text(f"{cluster['SUBNET']}.11 slots=1\n{cluster['SUBNET']}.12 slots=1\n")
+def pinned_horovodrun(cluster: dict, workdir: Path, command: list[str]) -> None:
+    """Two ranks on two boards, rank r pinned to core r."""
     pinned = workdir / "pinned.sh"
     pinned.write_text(_PINNED)
     pinned.chmod(0o755)
-    netcluster(
-        "exec",
-        "--",
-        str(_bench.VENV_BIN / "horovodrun"),
-        "--gloo",
-        "-np",
-        "2",
-        "--hostfile",
-        str(hostfile),
-        "--ssh-identity-file",
-        f"{cluster['STATE']}/id_ed25519",
-        "--network-interface",
-        "eth0",
-        "--disable-cache",
-        "--start-timeout",
-        "300",
-        str(pinned),
-        *command,
-    )
+    horovodrun_on_boards(cluster, 2, workdir, [str(pinned), *command])
 
 
 def allreduce_seconds(cluster: dict, workdir: Path, image_size: int, steps: int) -> dict:
     out = workdir / f"probe-{cluster['LINE_MBIT']}.json"
     out.unlink(missing_ok=True)
     probe = [str(_bench.VENV_BIN / "python"), str(PROBE), "--model", MODEL, "--image-size", str(image_size)]
-    horovodrun(cluster, workdir, [*probe, "--steps", str(steps), "--out", str(out)])
+    pinned_horovodrun(cluster, workdir, [*probe, "--steps", str(steps), "--out", str(out)])
     seconds = json.loads(out.read_text())["seconds"]
     return {"seconds": seconds, "median_s": statistics.median(seconds)}
 
@@ -155,7 +136,7 @@ def main() -> None:
                 str(_bench.VENV_BIN / "covidxray"),
                 *train_args(data_dir, run_dir, args.epochs, args.batch_size, args.overrides),
             ]
-            horovodrun(cluster, args.workdir, train)
+            pinned_horovodrun(cluster, args.workdir, train)
             step = step_seconds(run_dir, args.batch_size)
             allreduce = allreduce_seconds(cluster, args.workdir, args.image_size, args.probe_steps)
         finally:
