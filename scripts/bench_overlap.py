@@ -17,8 +17,9 @@ between. This benchmark measures where, with the training a user runs:
 
 A step is batch / rank 0's images/s in train_log.json, median over epochs 2..E (epoch 1 traces the graph).
 Pinning one rank per core keeps two ranks from sharing a core, as one rank per board does on a cluster.
-Then the 35-board prediction of bench_allreduce.py's JSON (--allreduce-json: its fit and its compute) is
-redone with that model: exposed at 35 = o x c + max(0, a35 - h x c). Needs root.
+Then the 35-board prediction of bench_allreduce.py's JSON (--allreduce-json: its fitted 35-board
+allreduce a35 and its compute) is redone with that model: exposed at 35 = o x c + max(0, a35 - h x c).
+Needs root.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import sys
 from pathlib import Path
 
 import _bench
-import _ring
 from bench_allreduce import horovodrun_on_boards, netcluster, state
 
 PROBE = _bench.REPO / "scripts" / "_allreduce_probe.py"
@@ -103,7 +103,7 @@ def main() -> None:
         "--allreduce-json",
         type=Path,
         default=_bench.REPO / "docs" / "bench" / "allreduce-1gbe-idle.json",
-        help="bench_allreduce.py report whose fit and compute step the 35-board prediction reuses",
+        help="bench_allreduce.py report whose 35-board allreduce and compute step the prediction reuses",
     )
     args = bench.parse({"line_mbit": [1000], "image_size": 64, "patients": 120, "epochs": 2, "probe_steps": 3})
     if os.geteuid() != 0:
@@ -195,18 +195,11 @@ def main() -> None:
 
     report = json.loads(args.allreduce_json.read_text())["results"]
     line = str(min(map(int, report["line_rates"]), key=lambda m: abs(m - 1000)))
-    points = [
-        (int(ranks), int(size), statistics.median(seconds))
-        for ranks, job in report["line_rates"][line]["float32"].items()
-        for size, seconds in job.items()
-    ]
-    fit = _ring.fit(points)
-    allreduce_35 = _ring.ring_seconds(
-        report["boards"], report["parameters"][MODEL] * 4, fit["bandwidth_bytes_per_s"], fit["latency_s"]
-    )
+    predicted = report["line_rates"][line]["predictions"][f"{MODEL}/none"]  # bench_allreduce.py's ring fit at 35 ranks
+    allreduce_35 = predicted["allreduce_s"]
     prediction_rows = []
     for label, step_s in (
-        ("CPU seconds / cores (bench_allreduce.py's figure)", report["compute"][MODEL]["step_s"]),
+        ("CPU seconds / cores (bench_allreduce.py's figure)", predicted["compute_s"]),
         ("wall clock, idle VM, 2 cores", statistics.median(report["compute"][MODEL]["wall_s"])),
         ("one core of this VM (the reference above)", compute["step_s"]),
     ):
