@@ -45,7 +45,7 @@ from covidxray.run_folder import (
     write_json,
     write_latest,
 )
-from covidxray.train.batchnorm import batches_per_rank, recompute_statistics
+from covidxray.train.batchnorm import batches_per_rank, freeze_batchnorm, recompute_statistics
 from covidxray.train.distributed import HorovodTuning, World, check_launch_mode, init_world
 from covidxray.train.input import make_dataset, predict_batches
 from covidxray.train.metrics import cross_entropy, macro_auc
@@ -290,6 +290,8 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
 
     tf.keras.utils.set_random_seed(cfg.seed)
     model = build_model(cfg.model, image_size, len(labels), cfg.weights)
+    if cfg.freeze_batchnorm:
+        freeze_batchnorm(model)
     optimizer = world.distributed_optimizer(tf.keras.optimizers.Adam(cfg.learning_rate))
     loss = tf.keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing)
     model.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
@@ -365,6 +367,11 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
                 **data_args,
             )
             recalibration = calibration_ds, batches_per_rank(cfg.bn_recalibration_images, cfg.batch_size, world.size)
+            if cfg.freeze_batchnorm:  # measured once, before the first epoch, then fixed
+                if state.training.epoch == 0:
+                    say(f"measuring the frozen BN statistics on {cfg.bn_recalibration_images} training images")
+                    recompute_statistics(model, calibration_ds.take(recalibration[1]), world)
+                recalibration = None
         if world.is_root:  # possibly a new rank 0 on another board, whose run dir is still empty
             run_dir.mkdir(parents=True, exist_ok=True)
             config.save(run_dir / CONFIG_FILE)
