@@ -120,6 +120,9 @@ class TrainConfig:
     # training images before the first epoch, then fixed (no per-epoch re-estimation). For fine-tuning a pretrained
     # backbone with small per-rank batches.
     freeze_batchnorm: bool = False
+    # The backbone's first N stages keep their pretrained weights (efficientnet_lite0: 0 the stem, 1-7 its MBConv
+    # stages, 8 the head); less to fit, and no backprop through the high-resolution layers (memory, time per step).
+    frozen_stages: int = setting(0, low=0, high=8)
     augment: bool = True
     # Scales every augmentation range (train/input.py): 1 = +-8% scale, +-4% shift, +-7 deg, +-12% brightness/contrast.
     augment_strength: float = setting(1.0, above=0.0, high=3.0)

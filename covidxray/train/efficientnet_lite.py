@@ -42,6 +42,22 @@ INPUT_MEAN, INPUT_STD = 127.0, 128.0
 IMAGENET_CLASSES = 1000
 
 
+STAGE_COUNT = len(STAGES) + 2  # the stem, the MBConv stages, the head
+
+
+def stage_of(layer_name: str) -> int | None:
+    """Which stage a Lite0 layer belongs to: 0 the stem, 1..7 the MBConv stages, 8 the head; None outside Lite0."""
+    if layer_name in ("normalise", "conv_stem", "bn0", "bn0_relu6"):
+        return 0
+    block = re.match(r"blocks_(\d+)_", layer_name)
+    if block:
+        first_blocks = np.cumsum([0] + [repeats for repeats, *_ in STAGES])
+        return int(np.searchsorted(first_blocks, int(block.group(1)), side="right"))
+    if layer_name in ("conv_head", "bn1", "bn1_relu6"):
+        return STAGE_COUNT - 1
+    return None
+
+
 def keras_name(torch_module: str) -> str:
     """`_blocks.3._expand_conv` -> `blocks_3_expand_conv`: the Keras layer that holds that PyTorch module's tensors."""
     return re.sub(r"(^|\.)_?", lambda m: "_" if m.group(1) else "", torch_module)

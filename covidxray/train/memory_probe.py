@@ -45,6 +45,7 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     from covidxray.config import load_config
     from covidxray.manifest import load_manifest, shard_paths
     from covidxray.train.distributed import HorovodTuning, configure_threads, standalone_gradient_averager
+    from covidxray.train.finetune import hold_fixed
     from covidxray.train.input import make_dataset
     from covidxray.train.models import build_model
 
@@ -56,6 +57,7 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     average = standalone_gradient_averager(tuning)
 
     model = build_model(cfg.model, image_size, len(labels), cfg.weights)
+    hold_fixed(model, cfg)
     optimizer = tf.keras.optimizers.Adam(cfg.learning_rate)
     loss_fn = tf.keras.losses.CategoricalCrossentropy()
     shards = [

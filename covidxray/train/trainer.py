@@ -45,8 +45,9 @@ from covidxray.run_folder import (
     write_json,
     write_latest,
 )
-from covidxray.train.batchnorm import batches_per_rank, freeze_batchnorm, recompute_statistics
+from covidxray.train.batchnorm import batches_per_rank, recompute_statistics
 from covidxray.train.distributed import HorovodTuning, World, check_launch_mode, init_world
+from covidxray.train.finetune import hold_fixed
 from covidxray.train.input import make_dataset, predict_batches
 from covidxray.train.metrics import cross_entropy, macro_auc
 from covidxray.train.models import build_model
@@ -290,8 +291,7 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
 
     tf.keras.utils.set_random_seed(cfg.seed)
     model = build_model(cfg.model, image_size, len(labels), cfg.weights)
-    if cfg.freeze_batchnorm:
-        freeze_batchnorm(model)
+    hold_fixed(model, cfg)
     optimizer = world.distributed_optimizer(tf.keras.optimizers.Adam(cfg.learning_rate))
     loss = tf.keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing)
     model.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
