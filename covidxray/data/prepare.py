@@ -41,7 +41,15 @@ from covidxray.data.split import SPLITS, make_splits, patients_overlap
 from covidxray.edge import preprocess
 from covidxray.errors import UserError
 from covidxray.files import atomic_write, discard, output_folder, publish, sha256_file, staged_path
-from covidxray.manifest import SHARD_DIR, load_manifest, write_manifest
+from covidxray.manifest import (
+    DROPPED_TABLE,
+    DUPLICATE_TABLE,
+    SHARD_DIR,
+    SPLIT_TABLE,
+    TABLE_SHA256,
+    load_manifest,
+    write_manifest,
+)
 from covidxray.records import Dropped, Record
 from covidxray.sources import build_source
 from covidxray.sources.archive import ExtractLimits
@@ -49,9 +57,6 @@ from covidxray.sources.descriptors import dedup_priority
 from covidxray.sources.layout import OUTSIDE, within
 from covidxray.sources.unmapped import override_hint
 
-SPLIT_TABLE = "splits.csv"  # every kept image, its patient and its split: the audit trail of the split
-DROPPED_TABLE = "dropped.csv"  # every row or file not used, and why
-DUPLICATE_TABLE = "duplicates.csv"  # every removed copy and the image kept in its place
 DUPLICATE_COLUMNS = [  # one row per removed copy; `kept_*` is the copy kept in its place (or, for a dropped label conflict, its twin)
     "kind",
     "distance",
@@ -374,7 +379,7 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
             manifest["shards_reused"] = reused
             manifest["split"] = split_report
             staged = stage_tables(out, task, splits, dropped, deduped.duplicates)
-            manifest["table_sha256"] = {name: sha256_file(path) for name, path in staged.items()}
+            manifest[TABLE_SHA256] = {name: sha256_file(path) for name, path in staged.items()}
             manifest["seconds"] = round(time.time() - started, 2)
             previous = _listed_shards(out)
             manifest = write_manifest(out, manifest)  # the switch: from here on this is the data set
