@@ -119,9 +119,11 @@ def test_metadata_paths_that_leave_the_collection_are_dropped_with_their_row_and
     with open(layout.root / "metadata.csv", "a", newline="") as handle:
         csv.writer(handle).writerows(escapes.values())
     data_dir = tmp_path / "data"
-    manifest = prepare(
-        data_config(data_dir, {"covid-chestxray": {"from_path": str(layout.root)}}, task="chest3"), log=lambda _: None
-    )
+    sources = {  # talo brings the normal images chest3 needs
+        "covid-chestxray": {"from_path": str(layout.root)},
+        "covid19-talo": {"from_path": str(build_talo(tmp_path / "talo").root)},
+    }
+    manifest = prepare(data_config(data_dir, sources), log=lambda _: None)
     kept = (data_dir / SPLIT_TABLE).read_text()
     assert str(outside) not in kept and "passwd" not in kept and "secret.png" not in kept
     with open(data_dir / "dropped.csv", newline="") as handle:
@@ -303,6 +305,7 @@ def test_resume_names_a_deleted_checkpoint_folder(tmp_path):
     from covidxray.run_folder import write_latest
     from covidxray.train.trainer import _restore
 
+    (tmp_path / "checkpoints").mkdir()
     write_latest(tmp_path, {"epoch": 3, "path": "epoch-0003-abcd"})
     with pytest.raises(UserError, match="names checkpoint epoch-0003-abcd, but that folder is missing"):
         _restore(tmp_path, checkpoint=None)

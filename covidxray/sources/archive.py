@@ -42,6 +42,7 @@ Say = Callable[[str], None]
 
 _RATIO_MIN_BYTES = 1 << 20  # tiny members (a CSV, padding) may compress far better; they cannot hurt
 _COPY_BLOCK = 1 << 20
+_TAR_READ_BYTES = tarfile.RECORDSIZE * 20  # tarfile's own default
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,8 @@ def _copy_tar_member(
     """Write one regular member block by block, its ratio checked against the compressed bytes read for it."""
     target = dest / member.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    start, written = compressed.consumed, 0
+    # Its first bytes may come from the compressed block read for the member before it: credit it one block.
+    start, written = compressed.consumed - _TAR_READ_BYTES, 0
     with bundle.extractfile(member) as source, open(target, "wb") as out:
         for block in iter(lambda: source.read(_COPY_BLOCK), b""):
             written += len(block)
@@ -210,7 +212,8 @@ def _extract_tar(archive: Path, dest: Path, limits: ExtractLimits) -> None:
     budget = _Budget(archive, dest, limits)
     with open(archive, "rb", buffering=0) as raw:
         compressed = _CountingReader(raw)
-        with tarfile.open(fileobj=compressed, mode="r|*") as bundle:  # one forward pass: never decompressed twice
+        # One forward pass, so a .tar.gz is never decompressed twice; compressed data is read _TAR_READ_BYTES at a time.
+        with tarfile.open(fileobj=compressed, mode="r|*", bufsize=_TAR_READ_BYTES) as bundle:
             for member in bundle:
                 name = _check_name(archive, member.name)
                 if member.issym() or member.islnk():
