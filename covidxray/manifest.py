@@ -82,6 +82,10 @@ def read_manifest(path: Path) -> dict:
         manifest = json.loads(path.read_bytes())
     except ValueError as err:
         raise UserError(f"{path} is damaged (truncated or not JSON: {err}); {_RERUN}") from None
+    except OSError as err:
+        raise UserError(f"cannot read {path} ({err.strerror or err}); check its permissions") from None
+    except RecursionError:
+        raise UserError(f"{path} is not a covidxray manifest (nested too deeply); {_RERUN}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
         raise UserError(f"{path} is not a covidxray manifest (no shard list); {_RERUN}")
     sealed = manifest.get(CHECKSUM)
