@@ -84,6 +84,23 @@ class Layout:
     bad_images: dict[str, str] = field(default_factory=dict)  # file name -> decode failure reason at prepare time
 
 
+def prepare_config(data_dir: Path, sources: dict, **data):
+    """A small, quick DataConfig for `sources` (32 px, 4 images a shard, one worker, a quarter each to val and test)."""
+    from covidxray.config import load_config
+
+    values = {
+        "sources": sources,
+        "data_dir": str(data_dir),
+        "image_size": 32,
+        "records_per_shard": 4,
+        "workers": 1,
+        "val_fraction": 0.25,
+        "test_fraction": 0.25,
+        **data,
+    }
+    return load_config(None, [{"data": values}]).data
+
+
 # ---------------------------------------------------------------- ieee8023
 
 

@@ -194,20 +194,6 @@ def test_killing_prepare_takes_its_decode_workers_and_resource_tracker_with_it(s
     time.sleep(0.5)
     code, _ = stop_and_check(job, signum)
     assert code == -signum
-    rerun = subprocess.run(
-        [
-            *covidxray_cmd("prepare"),
-            "--source",
-            f"covid19-talo={many_films}",
-            "--data-dir",
-            str(data_dir),
-            "--image-size",
-            "64",
-            "--workers",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert rerun.returncode == 0, rerun.stderr[-2000:]  # what the killed run left is reused, not in the way
+    rerun = start_prepare(many_films, data_dir)
+    _, stderr = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, stderr[-2000:]  # what the killed run left is reused, not in the way

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import covidxray_cmd, run_cli
-from layouts import FileServer, build_ieee8023, build_kaggle, build_talo, write_image, zip_tree
+from layouts import FileServer, build_ieee8023, build_kaggle, build_talo, prepare_config, write_image, zip_tree
 
 from covidxray.config import ConfigError, load_config, parse_override
 from covidxray.data.prepare import prepare
@@ -35,22 +35,8 @@ from covidxray.sources.archive import ExtractLimits, extract
 from covidxray.sources.layout import BROKEN_LINK, OUTSIDE
 
 
-def data_config(data_dir: Path, sources: dict, **data):
-    values = {
-        "sources": sources,
-        "data_dir": str(data_dir),
-        "image_size": 32,
-        "records_per_shard": 4,
-        "workers": 1,
-        "val_fraction": 0.25,
-        "test_fraction": 0.25,
-        **data,
-    }
-    return load_config(None, [{"data": values}]).data
-
-
 def talo_config(data_dir: Path, talo: Path, **data):
-    return data_config(data_dir, {"covid19-talo": {"from_path": str(talo)}}, **data)
+    return prepare_config(data_dir, {"covid19-talo": {"from_path": str(talo)}}, **data)
 
 
 @pytest.fixture
@@ -123,7 +109,7 @@ def test_metadata_paths_that_leave_the_collection_are_dropped_with_their_row_and
         "covid-chestxray": {"from_path": str(layout.root)},
         "covid19-talo": {"from_path": str(build_talo(tmp_path / "talo").root)},
     }
-    manifest = prepare(data_config(data_dir, sources), log=lambda _: None)
+    manifest = prepare(prepare_config(data_dir, sources), log=lambda _: None)
     kept = (data_dir / SPLIT_TABLE).read_text()
     assert str(outside) not in kept and "passwd" not in kept and "secret.png" not in kept
     with open(data_dir / "dropped.csv", newline="") as handle:
@@ -237,7 +223,9 @@ def test_a_class_without_images_stops_prepare_and_train_naming_it(tmp_path, synt
 
     kaggle = build_kaggle(tmp_path / "kaggle").root
     with pytest.raises(UserError, match=r"no 'covid-19' image for task chest3 .*--task pneumonia"):
-        prepare(data_config(tmp_path / "d", {"chest-xray-pneumonia": {"from_path": str(kaggle)}}), log=lambda _: None)
+        prepare(
+            prepare_config(tmp_path / "d", {"chest-xray-pneumonia": {"from_path": str(kaggle)}}), log=lambda _: None
+        )
     assert not (tmp_path / "d" / "manifest.json").exists()
 
     data_dir = tmp_path / "no-covid"
