@@ -218,9 +218,7 @@ def test_a_file_given_as_data_dir_or_run_dir_is_named(talo, synthetic_data, tmp_
 # ------------------------------------------------------------------ 7.8: a class with no training images
 
 
-def test_a_class_without_images_stops_prepare_and_train_naming_it(tmp_path, synthetic_data, monkeypatch):
-    from covidxray.train.trainer import train
-
+def test_a_class_without_images_stops_prepare_and_train_naming_it(tmp_path, synthetic_data):
     kaggle = build_kaggle(tmp_path / "kaggle").root
     with pytest.raises(UserError, match=r"no 'covid-19' image for task chest3 .*--task pneumonia"):
         prepare(
@@ -233,9 +231,8 @@ def test_a_class_without_images_stops_prepare_and_train_naming_it(tmp_path, synt
     manifest = load_manifest(data_dir)
     manifest["splits"]["train"]["classes"]["covid-19"] = 0  # as a prepare of an older covidxray wrote it
     (data_dir / "manifest.json").write_text(json.dumps(seal({k: v for k, v in manifest.items() if k != "checksum"})))
-    config = load_config(None, [{"data": {"data_dir": str(data_dir)}, "train": {"run_dir": str(tmp_path / "r")}}])
-    with pytest.raises(UserError, match=r"train split has no 'covid-19' image for task chest3"):
-        train(config, say=lambda _: None)
+    result = run_cli("train", "--data-dir", str(data_dir), "--run-dir", str(tmp_path / "r"), "--epochs", "1")
+    assert "train split has no 'covid-19' image for task chest3" in clear_error(result)
     assert not (tmp_path / "r").exists()
 
 
