@@ -239,6 +239,7 @@ def test_a_class_without_images_stops_prepare_and_train_naming_it(tmp_path, synt
 # ------------------------------------------------------------------ N7, N8b, 7.4: the run folder
 
 
+@pytest.mark.slow
 def test_a_second_train_into_a_folder_in_use_stops_at_once_and_a_dead_holder_does_not_block(synthetic_data, tmp_path):
     run_dir = tmp_path / "run"
     checkpoints = run_dir / "checkpoints"
