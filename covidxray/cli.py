@@ -63,6 +63,11 @@ def run(action: Callable[[], Any]) -> Any:
             raise
         console.print(f"[bold red]error:[/] {escape(str(needed))}")  # escape: the message names covidxray[train]
         raise typer.Exit(2) from None
+    except PermissionError as err:  # a file or folder the user's system will not let us read or write
+        console.print(
+            f"[bold red]error:[/] permission denied: {escape(str(err.filename or err))}; check its permissions"
+        )
+        raise typer.Exit(2) from None
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: finished work is kept; re-run the same command to resume")
         raise typer.Exit(130) from None

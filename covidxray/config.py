@@ -8,6 +8,7 @@ model directory is self-describing.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
 from covidxray.files import atomic_write
 from covidxray.records import HARMONISED_LABELS
+from covidxray.urls import redacted
 
 
 class ConfigError(UserError):
@@ -101,6 +103,15 @@ class DataConfig:
     max_extract_bytes: int = setting(64 << 30, low=1)
     max_compression_ratio: float = setting(100.0, above=1.0)
 
+    def recorded(self) -> dict[str, Any]:
+        """The values as manifests and saved configs keep them: a password in a source's `url` hidden."""
+        values = dataclasses.asdict(self)
+        values["sources"] = {
+            name: {key: redacted(v) if key == "url" and isinstance(v, str) else v for key, v in options.items()}
+            for name, options in values["sources"].items()
+        }
+        return values
+
 
 @dataclass
 class TrainConfig:
@@ -159,7 +170,7 @@ class Config:
     export: ExportConfig = field(default_factory=ExportConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "data": self.data.recorded()}
 
     def save(self, path: Path) -> None:
         path = Path(path)
@@ -181,7 +192,12 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return {str(k): ({} if v is None else v) for k, v in value.items()}
+        item_type = typing.get_args(annotation)[1]
+        empty = {} if typing.get_origin(item_type) is dict else None  # `name:` with nothing after it: no options
+        return {
+            str(k): _coerce(empty if v is None and empty is not None else v, item_type, f"{where}.{k}")
+            for k, v in value.items()
+        }
     if annotation is bool:
         if isinstance(value, bool):
             return value
@@ -193,10 +209,12 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         try:
             number = annotation(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}") from None
         if annotation is int and isinstance(value, float) and value != number:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        if not math.isfinite(number):  # NaN passes every range check: it compares false with any limit
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return number
     if annotation is str:
         if isinstance(value, (dict, list)):
@@ -209,10 +227,10 @@ def from_dict(cls: type, values: dict[str, Any], where: str = "config") -> Any:
     """Build dataclass `cls` from `values`, rejecting keys it does not declare."""
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
+    unknown = sorted(map(str, set(values) - known))  # YAML keys may be numbers or null
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
-    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    kwargs = {str(k): _coerce(v, hints[str(k)], f"{where}.{k}") for k, v in values.items()}
     for spec in dataclasses.fields(cls):
         limits = spec.metadata.get("limits")
         if limits and spec.name in kwargs:
@@ -230,12 +248,22 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _read_yaml(text: str, where: str) -> Any:
+    """YAML in safe mode: plain data only, so a tag such as !!python/object/apply is refused, never run."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: not valid YAML: {' '.join(str(err).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply to be a config") from None
+
+
 def parse_override(text: str) -> dict[str, Any]:
     """`train.epochs=3` -> {"train": {"epochs": 3}}; the value is read as YAML."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r}: expected section.key=value, e.g. train.epochs=3")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    value = _read_yaml(raw, f"--set {key.strip()}") if raw.strip() else ""
     nested: dict[str, Any] = value
     for part in reversed(key.strip().split(".")):
         nested = {part: nested}
@@ -250,12 +278,20 @@ def load_config(
     values: dict[str, Any] = {}
     if path:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"config file {path} is a folder; give the YAML file itself (see configs/)")
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+            text = path.read_bytes().decode("utf-8")
+        except OSError as err:
+            raise ConfigError(f"cannot read config file {path} ({err.strerror or err})") from None
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"{path} is not a text (UTF-8) YAML file: byte {err.start} is 0x{err.object[err.start]:02x}; "
+                "give the YAML config itself (see configs/)"
+            ) from None
+        loaded = _read_yaml(text, str(path)) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping with data/train/export sections")
         values = loaded

@@ -67,8 +67,10 @@ def _available_memory_mb() -> int | None:
 
 
 def check_shards(data_dir: Path) -> dict:
-    """The manifest is intact (its own checksum) and every shard it lists exists with the sha256 it recorded."""
-    from covidxray.manifest import load_manifest, shard_problems
+    """The manifest is intact (its own checksum), every shard it lists exists with the sha256 it recorded,
+    and the tables beside it (splits.csv, ...) are the ones it records."""
+    from covidxray.files import sha256_file
+    from covidxray.manifest import TABLE_SHA256, load_manifest, shard_problems
 
     try:
         manifest = load_manifest(data_dir)
@@ -79,12 +81,19 @@ def check_shards(data_dir: Path) -> dict:
             "shards": 0,
             "missing": [],
             "sha256_mismatch": [],
+            "tables_mismatch": [],
         }
+    tables = manifest.get(TABLE_SHA256, {})
     return {
         "data_dir": str(data_dir),
         "manifest_error": None,
         "shards": len(manifest["shards"]),
         **shard_problems(data_dir, manifest),
+        "tables_mismatch": [
+            name
+            for name, sha in sorted(tables.items())
+            if not (data_dir / name).is_file() or sha256_file(data_dir / name) != sha
+        ],
     }
 
 
@@ -257,7 +266,25 @@ def diagnose(data_dir: Path | None = None, config_path: Path | None = None, memo
                 else f"missing {shards['missing']}, changed {shards['sha256_mismatch']}: re-copy them or re-run prepare",
             )
         )
-        if memory_probe:
+        if shards["tables_mismatch"]:
+            checks.append(
+                _check(
+                    "tables match manifest",
+                    False,
+                    f"{', '.join(shards['tables_mismatch'])} not the one(s) manifest.json records: re-run prepare",
+                    required=False,
+                )
+            )
+        if memory_probe and (bad or shards["manifest_error"]):  # a probe on damaged shards fails for that reason
+            checks.append(
+                _check(
+                    "fits this board",
+                    False,
+                    "not measured: the data set is damaged (see the checks above); repair it with prepare first",
+                    required=False,
+                )
+            )
+        elif memory_probe:
             memory = training_memory(Path(data_dir), config_path, memory_mb)
             checks.append(_check("fits this board", memory["fits"], _memory_detail(memory)))
     return {

@@ -5,10 +5,14 @@ that another process or a later run may read. The content goes to a
 `<name>.partial` beside the target, is flushed to disk, and only then renamed
 over the target in one step: a crash leaves the old file or the new one,
 never a mix, and a leftover `.partial` is always safe to delete.
-`sha256_file` is the one hash of a file's bytes (shards, downloads, the
-manifest, model files, the decode cache key).
+`staged_path` + `publish` split the same steps for several files that
+must appear together with a commit point between (prepare's tables, written
+before its manifest switches, moved into place after it). `sha256_file` is
+the one hash of a file's bytes (shards, downloads, the manifest, model files,
+the decode cache key). `output_folder` creates a folder the user named for
+output, or says in one line why it cannot be one.
 
-Imports only the standard library.
+Imports only the standard library and covidxray.errors.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from covidxray.errors import UserError
 
 PARTIAL = ".partial"  # suffix of a file being written; a reader never opens one
 _BLOCK = 1 << 20
@@ -43,6 +49,24 @@ def _fsync(path: Path) -> None:
             os.fsync(handle.fileno())
 
 
+def staged_path(path: str | Path) -> Path:
+    """The temporary path beside `path` to write first (a killed writer's leftover there is removed)."""
+    tmp = partial_path(Path(path))
+    _remove(tmp)
+    return tmp
+
+
+def publish(tmp: Path, path: str | Path) -> None:
+    """Put the finished `tmp` (from staged_path) in place of `path` in one rename, its bytes on disk first."""
+    _fsync(tmp)
+    os.replace(tmp, path)
+
+
+def discard(tmp: Path) -> None:
+    """Remove a staged file or folder that will not be published."""
+    _remove(tmp)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside `path` for any writer (open, a library's save); on success it replaces `path`.
@@ -50,15 +74,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     On an exception the temporary file or folder is removed and `path` is untouched.
     A folder replaces only an absent or empty folder: remove the old one inside the block, after writing.
     """
-    path = Path(path)
-    tmp = partial_path(path)
-    _remove(tmp)  # a killed writer's leftover
+    tmp = staged_path(path)
     try:
         yield tmp
-        _fsync(tmp)
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException:
-        _remove(tmp)
+        discard(tmp)
         raise
 
 
@@ -81,3 +102,25 @@ def sha256_file(path: str | Path) -> str:
         while block := handle.read(_BLOCK):
             digest.update(block)
     return digest.hexdigest()
+
+
+def output_folder(path: str | Path, option: str) -> Path:
+    """Create `path` (and its parents) for output, or UserError saying why it cannot be one (a file, no permission)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        raise UserError(f"{option} {path}: {blocker} is a file, not a folder; choose another {option}") from None
+    except PermissionError:
+        raise UserError(
+            f"{option} {path}: no permission to create it (or a folder above it); choose a folder you can write to, "
+            "or change the permissions"
+        ) from None
+    except OSError as err:  # a read-only file system, a full disk
+        raise UserError(f"{option} {path}: cannot create it ({err.strerror or err}); choose another {option}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(
+            f"{option} {path}: no permission to write into it; choose a folder you can write to, or change its permissions"
+        )
+    return path

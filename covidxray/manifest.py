@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from covidxray.errors import UserError
@@ -34,6 +35,14 @@ from covidxray.files import atomic_write, sha256_file
 MANIFEST = "manifest.json"
 SHARD_DIR = "shards"
 CHECKSUM = "checksum"
+SPLIT_TABLE = "splits.csv"  # every kept image, its patient and its split: the audit trail of the split
+DROPPED_TABLE = "dropped.csv"  # every row or file not used, and why
+DUPLICATE_TABLE = "duplicates.csv"  # every removed copy and the image kept in its place
+TABLES = (SPLIT_TABLE, DROPPED_TABLE, DUPLICATE_TABLE)
+TABLE_SHA256 = "table_sha256"  # table name -> sha256 of the table written with this manifest
+SPLITS = ("train", "val", "test")
+_SHARD_FILE = re.compile(r"^[\w.-]+\.tfrecord$")  # a plain name inside shards/: no folder, no '..'
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _RERUN = "re-run `covidxray prepare` with the same config and --data-dir (decodes are cached and intact shards reused, so it is quick)"
 
 
@@ -73,6 +82,10 @@ def read_manifest(path: Path) -> dict:
         manifest = json.loads(path.read_bytes())
     except ValueError as err:
         raise UserError(f"{path} is damaged (truncated or not JSON: {err}); {_RERUN}") from None
+    except OSError as err:
+        raise UserError(f"cannot read {path} ({err.strerror or err}); check its permissions") from None
+    except RecursionError:
+        raise UserError(f"{path} is not a covidxray manifest (nested too deeply); {_RERUN}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
         raise UserError(f"{path} is not a covidxray manifest (no shard list); {_RERUN}")
     sealed = manifest.get(CHECKSUM)
@@ -83,7 +96,54 @@ def read_manifest(path: Path) -> dict:
             f"{path} was changed after prepare wrote it (its content no longer matches its checksum), so its labels "
             f"and shard list cannot be trusted; restore it, or {_RERUN}"
         )
+    problem = _structure_problem(manifest)
+    if problem:  # the checksum is no signature: anyone can reseal an edited file
+        raise UserError(f"{path} is not a covidxray manifest ({problem}); {_RERUN}")
     return manifest
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _structure_problem(manifest: dict) -> str | None:
+    """What is wrong with the fields readers use (types, shard names that stay in shards/), or None."""
+    labels = manifest.get("labels")
+    if not (isinstance(labels, list) and labels and all(isinstance(x, str) for x in labels)):
+        return "labels is not a list of class names"
+    if not isinstance(manifest.get("task"), str):
+        return "task is not a name"
+    if not (_count(manifest.get("image_size")) and 16 <= manifest["image_size"] <= 4096):
+        return "image_size is not a size in pixels"
+    splits = manifest.get("splits")
+    for split in SPLITS:
+        info = splits.get(split) if isinstance(splits, dict) else None
+        if not (isinstance(info, dict) and _count(info.get("records"))):
+            return f"splits.{split}.records is not a count"
+        for key in ("classes", "sources"):
+            counts = info.get(key, {})
+            if not (isinstance(counts, dict) and all(_count(n) for n in counts.values())):
+                return f"splits.{split}.{key} is not a table of counts"
+    for i, shard in enumerate(manifest["shards"]):
+        if not (
+            isinstance(shard, dict)
+            and isinstance(shard.get("file"), str)
+            and _SHARD_FILE.match(shard["file"])
+            and shard.get("split") in SPLITS
+            and _count(shard.get("records"))
+            and isinstance(shard.get("sha256"), str)
+            and _SHA256.match(shard["sha256"])
+        ):
+            return f"shards[{i}] is not a shard file name in {SHARD_DIR}/ with its split, record count and sha256"
+    if not isinstance(manifest.get("data_config", {}), dict):
+        return "data_config is not a mapping"
+    tables = manifest.get(TABLE_SHA256, {})
+    if not (
+        isinstance(tables, dict)
+        and all(name in TABLES and isinstance(sha, str) and _SHA256.match(sha) for name, sha in tables.items())
+    ):
+        return f"{TABLE_SHA256} does not map {', '.join(TABLES)} to sha256s"
+    return None
 
 
 def load_manifest(data_dir: str | Path) -> dict:

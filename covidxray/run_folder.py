@@ -1,7 +1,7 @@
 """The run folder: what `train`, `evaluate` and `export` write into `train.run_dir`, and `predict` reads.
 
 Contract: every file name of a run folder is spelled here and nowhere else.
-Rank 0 of `train` writes MODEL_FILE (the best Keras model), MODEL_CARD (what
+Rank 0 of `train` holds RUN_LOCK while it runs and writes MODEL_FILE (the best Keras model), MODEL_CARD (what
 the model needs to be used: labels, image size, preprocessing version,
 manifest sha256), CONFIG_FILE, TRAIN_LOG and CHECKPOINTS/ with the LATEST
 pointer, which is the commit point of a resumable run: it names a complete
@@ -27,6 +27,7 @@ CONFIG_FILE = "config.yaml"
 TRAIN_LOG = "train_log.json"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"  # in CHECKPOINTS: {"epoch", "path", ...} of the last complete checkpoint
+RUN_LOCK = "train.lock"  # held by the running `train` (its host and pid inside); see covidxray/train/run_guard.py
 EVALUATION = "evaluation.json"
 SAVED_MODEL_DIR = "saved_model"
 EXPORT_REPORT = "export_report.json"

@@ -84,6 +84,23 @@ class Layout:
     bad_images: dict[str, str] = field(default_factory=dict)  # file name -> decode failure reason at prepare time
 
 
+def prepare_config(data_dir: Path, sources: dict, **data):
+    """A small, quick DataConfig for `sources` (32 px, 4 images a shard, one worker, a quarter each to val and test)."""
+    from covidxray.config import load_config
+
+    values = {
+        "sources": sources,
+        "data_dir": str(data_dir),
+        "image_size": 32,
+        "records_per_shard": 4,
+        "workers": 1,
+        "val_fraction": 0.25,
+        "test_fraction": 0.25,
+        **data,
+    }
+    return load_config(None, [{"data": values}]).data
+
+
 # ---------------------------------------------------------------- ieee8023
 
 
@@ -448,7 +465,8 @@ class FileServer:
     `drop_after[path] = n`: the next response for `path` announces the full
     length but the connection dies after n bytes (once). `errors[path] =
     [503, ...]`: statuses answered before serving normally. Every request's
-    (path, Range header) is recorded in `requests`.
+    (path, Range header) is recorded in `requests`. `password = "user:secret"`
+    answers 401 to a request without those HTTP Basic credentials.
     """
 
     def __init__(self, files: dict[str, bytes]):
@@ -459,6 +477,7 @@ class FileServer:
         self.drop_after: dict[str, int] = {}
         self.errors: dict[str, list[int]] = {}
         self.requests: list[tuple[str, str | None]] = []
+        self.password: str | None = None
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -467,6 +486,16 @@ class FileServer:
 
             def do_GET(self):
                 server.requests.append((self.path, self.headers.get("Range")))
+                if server.password is not None:
+                    import base64
+
+                    expected = "Basic " + base64.b64encode(server.password.encode()).decode()
+                    if self.headers.get("Authorization") != expected:
+                        self.send_response(401)
+                        self.send_header("WWW-Authenticate", 'Basic realm="mirror"')
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
                 if server.errors.get(self.path):
                     self.send_error(server.errors[self.path].pop(0))
                     return

@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 import pytest
 from kill_worker import SLOW_DECODE_S, decode_or_die, decode_or_hang
-from layouts import build_talo, write_image, xray
+from layouts import build_talo, prepare_config, write_image, xray
 
 from covidxray.config import load_config
 from covidxray.data import image_cache, tfrecord
@@ -38,17 +38,7 @@ HANG_BOUND_S = 300  # a hang fails the test instead of the suite
 
 
 def data_config(data_dir: Path, source_root: Path, **data):
-    values = {
-        "sources": {"covid19-talo": {"from_path": str(source_root)}},
-        "data_dir": str(data_dir),
-        "image_size": 32,
-        "records_per_shard": 4,
-        "workers": 1,
-        "val_fraction": 0.25,
-        "test_fraction": 0.25,
-        **data,
-    }
-    return load_config(None, [{"data": values}]).data
+    return prepare_config(data_dir, {"covid19-talo": {"from_path": str(source_root)}}, **data)
 
 
 @pytest.fixture

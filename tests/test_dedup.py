@@ -464,7 +464,7 @@ def test_prepare_refuses_to_write_a_manifest_that_leaks(tmp_path, monkeypatch):
                 "data": {
                     "sources": {"covid19-talo": {"from_path": str(tmp_path / "given")}},
                     "data_dir": str(data_dir),
-                    "task": "chest3",
+                    "task": "pneumonia",
                     "image_size": 32,
                     "workers": 1,
                     "test_fraction": 0.4,

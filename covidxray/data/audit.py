@@ -7,6 +7,13 @@ whose patients come from the file-name schemes the source adapters know.
 Copies are found by the same matching `prepare` dedups with (exact pixels,
 perceptual hash, geometric check), and `prepare` runs the check on its own
 split before it writes a manifest.
+
+An audit that could not read every image says so and fails: a clean result
+over a fraction of the set would be a false all-clear. Images that were read
+but are not radiographs (prepare would drop them too) are only counted.
+splits.csv holds absolute paths (older versions wrote them as given to
+prepare, relative to the folder it ran in) and must be the one the live
+manifest records.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import csv
 import os
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +30,14 @@ from covidxray.config import DataConfig
 from covidxray.data import dedup
 from covidxray.data.image_cache import ImageCache, cache_path
 from covidxray.errors import UserError
+from covidxray.files import sha256_file
+from covidxray.manifest import MANIFEST, SPLIT_TABLE, TABLE_SHA256, load_manifest
 from covidxray.records import Record
 from covidxray.sources import covid19_talo, zhanglab
-from covidxray.sources.layout import is_junk, list_images, subdirs
+from covidxray.sources.layout import is_junk, list_images, subdirs, unreadable
+
+SPLIT_COLUMNS = ("split", "patient_id", "source", "label", "image")
+NOT_RADIOGRAPHS = frozenset({"not-xray", "not-radiograph"})  # read fine, judged unusable: nothing to compare
 
 
 @dataclass(frozen=True)
@@ -77,8 +89,12 @@ def _tree_records(root: Path) -> list[Record]:
         raise UserError(
             f"{root}: neither a prepared data set (no splits.csv) nor a tree with one split per top-level folder (found {len(splits)} folder(s))"
         )
+
+    def refuse(err: OSError) -> None:  # os.walk would skip an unreadable folder without a word
+        raise unreadable(err) if isinstance(err, PermissionError) else UserError(f"cannot read {err.filename}: {err}")
+
     for split_dir in splits:
-        for folder, names, _ in os.walk(split_dir):
+        for folder, names, _ in os.walk(split_dir, onerror=refuse):
             names[:] = sorted(n for n in names if not is_junk(Path(n)))
             for item in list_images(Path(folder)):
                 if isinstance(item, Path):
@@ -88,15 +104,54 @@ def _tree_records(root: Path) -> list[Record]:
 
 
 def _prepared_records(data_dir: Path) -> tuple[list[Record], dict[tuple[str, str], str]]:
-    records, split_of = [], {}
-    with open(data_dir / "splits.csv", newline="") as handle:
-        for row in csv.DictReader(handle):
-            record = Record(
-                image=Path(row["image"]), label=row["label"], patient_id=row["patient_id"], source=row["source"]
+    table = data_dir / SPLIT_TABLE
+    if (data_dir / MANIFEST).is_file():
+        recorded = load_manifest(data_dir).get(TABLE_SHA256, {}).get(SPLIT_TABLE)
+        if recorded is not None and recorded != sha256_file(table):
+            raise UserError(
+                f"{table} is not the one {data_dir / MANIFEST} records (prepare was stopped right after switching the "
+                "data set, or the file was edited); re-run `covidxray prepare` with the same config to rewrite it"
             )
-            records.append(record)
-            split_of[(record.source, row["image"])] = row["split"]
+    records, split_of = [], {}
+    try:
+        with open(table, newline="", encoding="utf-8", errors="surrogateescape") as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in SPLIT_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise UserError(f"{table} has no column(s) {', '.join(missing)}; it is not a splits.csv prepare wrote")
+            for row in reader:
+                if any(row.get(c) is None for c in SPLIT_COLUMNS):
+                    raise UserError(f"{table} line {reader.line_num}: fewer fields than the header names")
+                record = Record(
+                    image=Path(row["image"]), label=row["label"], patient_id=row["patient_id"], source=row["source"]
+                )
+                records.append(record)
+                split_of[(record.source, row["image"])] = row["split"]
+    except csv.Error as err:
+        raise UserError(f"{table}: malformed CSV ({err}); re-run `covidxray prepare` to rewrite it") from None
     return records, split_of
+
+
+def _incomplete(records: list[Record], decoded: dict, leaks: list[Leak]) -> UserError:
+    """The error of an audit that could not compare every image: how many, why, and what it found among the rest."""
+    unread = [
+        r for r in records if not decoded[str(r.image)].ok and decoded[str(r.image)].reason not in NOT_RADIOGRAPHS
+    ]
+    reasons = Counter(decoded[str(r.image)].reason for r in unread)
+    example = unread[0]
+    relative = [r for r in unread if not r.image.is_absolute()]
+    hint = (
+        f" {len(relative)} of them have paths relative to the folder prepare ran in (written by an older covidxray): "
+        "run audit from that folder, or re-run prepare, which now records absolute paths."
+        if relative
+        else " Restore or make them readable, then audit again."
+    )
+    found = f"; among the rest, {len(leaks)} leak(s): " + "; ".join(leak.line() for leak in leaks[:5]) if leaks else ""
+    return UserError(
+        f"{len(unread)} of {len(records)} image(s) could not be read, so the audit is incomplete "
+        f"({', '.join(f'{n} {reason}' for reason, n in reasons.most_common())}; e.g. {example.image}: "
+        f"{decoded[str(example.image)].detail}).{hint}{found}"
+    )
 
 
 def audit(
@@ -107,7 +162,7 @@ def audit(
     if not data_dir.is_dir():
         raise UserError(f"{data_dir} is not a folder")
     progress = progress or (lambda done, total=None: None)
-    prepared = (data_dir / "splits.csv").is_file()
+    prepared = (data_dir / SPLIT_TABLE).is_file()
     if prepared:
         records, split_of = _prepared_records(data_dir)
     else:
@@ -119,12 +174,14 @@ def audit(
         with ImageCache(cache_file, log) as cache:
             decoded, _ = cache.decode_configured([str(r.image) for r in records], config, progress, log)
     usable = [r for r in records if decoded[str(r.image)].ok]
-    if len(usable) < len(records):
-        log(
-            f"{len(records) - len(usable)} image(s) could not be read and were not compared, e.g. {next(f'{r.image}: {decoded[str(r.image)].detail}' for r in records if not decoded[str(r.image)].ok)}"
-        )
+    judged = sum(decoded[str(r.image)].reason in NOT_RADIOGRAPHS for r in records)
+    if judged:
+        log(f"{judged} file(s) were read but are not radiographs (prepare drops them too): not compared")
     hashes = {str(r.image): (decoded[str(r.image)].pixel_sha256, decoded[str(r.image)].phash) for r in usable}
     features = {str(r.image): decoded[str(r.image)].features for r in usable}
     edges = dedup.matches(usable, hashes, features, config.dedup_max_distance, config.dedup_min_inliers)
     found = [(usable[i], usable[j], kind, evidence) for i, j, kind, _, evidence in edges]
-    return find_leaks(split_of, records, found)
+    leaks = find_leaks(split_of, records, found)
+    if len(usable) + judged < len(records):
+        raise _incomplete(records, decoded, leaks)
+    return leaks

@@ -23,6 +23,14 @@ ending the run. A decode running longer than data.decode_timeout_s (a crafted
 file can send a decoder into an endless loop) has its worker killed the same
 way: the file is named, retried once alone, then dropped as decode-timeout,
 and the files the stopped pool held are queued again.
+
+Workers never outlive prepare: on Linux the kernel kills each one when
+prepare's process ends, however it ends (kill -9 included), and an
+interrupt or error in prepare stops the pool without waiting for a decode
+in progress. A pool is always stopped whole (every worker killed and the
+result pipe closed on our side), because a worker killed while it sends a
+result leaves half a message that would keep the executor's reader, and so
+prepare's exit, waiting for good.
 """
 
 from __future__ import annotations
@@ -32,12 +40,14 @@ import ctypes
 import hashlib
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -64,6 +74,8 @@ DECODE_TIMEOUT = "decode-timeout"  # the reason of a file dropped for decoding l
 # not on the file alone: never cached, so raising a limit or lowering data.workers takes effect on the next run.
 _NOT_CACHED = frozenset({DECODE_TIMEOUT, WORKER_DIED, "too-large"})
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): the signal this process gets when its parent ends
+_LIVENESS_CHECK_S = 1.0  # how often the pool's workers are checked for one that died
 Job = tuple[str, int, int]  # (path, image size, max pixels)
 Log = Callable[[str], None]
 
@@ -160,8 +172,19 @@ def _timed_out(timeout_s: float) -> Decoded:
 _start_reports = None  # in a decode worker: where it reports each job it starts (see _PoolRun)
 
 
-def _start_worker(start_reports) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this worker when prepare's process ends (Linux; a no-op where libc has no prctl)."""
+    prctl = getattr(ctypes.CDLL(None), "prctl", None)
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # it ended before the death signal was set
+        os._exit(1)
+
+
+def _start_worker(start_reports, parent_pid: int) -> None:
     global _start_reports
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is prepare's to handle: it stops the whole pool
     _start_reports = start_reports
     keep_freed_buffers()
 
@@ -182,6 +205,21 @@ class _PoolEnd:
     requeue: list[Job] = field(default_factory=list)  # not started, or innocent bystanders of a stopped pool
 
 
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Stop `pool` at once, without waiting for anything: kill every worker, and close our end of the result pipe
+    so that the executor's manager thread, even one reading half a message from a killed worker, sees its end.
+
+    (ProcessPoolExecutor only gained kill_workers() in Python 3.14; this is it, plus the pipe.)
+    """
+    processes = list((pool._processes or {}).values())
+    results = pool._result_queue
+    pool.shutdown(wait=False)  # no cancel_futures: every future then ends with BrokenProcessPool, none Cancelled
+    for process in processes:
+        process.kill()
+    if results is not None:
+        results._writer.close()
+
+
 class _PoolRun:
     """Feed jobs to a pool of spawned workers, passing each result to `take`, with an optional per-file time limit.
 
@@ -190,8 +228,8 @@ class _PoolRun:
     behind a slow one must not be blamed for it. (Keeping only `workers` jobs in flight would make
     submission time nearly start time, but it would idle every worker between files and still count
     a worker's start-up, seconds on a loaded board, against its first file.)
-    A ProcessPoolExecutor cannot cancel a running call, so a file over the limit has its worker killed;
-    that breaks the pool, which stops its other workers, and the files they held are queued again.
+    A ProcessPoolExecutor cannot cancel a running call, so a file over the limit stops the pool (a worker that
+    dies by itself does too); the files its other workers held are queued again.
     """
 
     def __init__(self, workers: int, decode: Callable, take: Callable, timeout_s: float):
@@ -199,56 +237,65 @@ class _PoolRun:
         self.context = multiprocessing.get_context("spawn")
         self.in_flight: dict = {}  # future -> (index, job)
         self.started: dict[int, tuple[int, float]] = {}  # index -> (worker pid, monotonic start)
-        self.stopped: set[int] = set()  # indices whose worker was killed for passing the limit
+        self.stopped: set[int] = set()  # indices whose decode passed the limit (their pool was stopped for them)
+        self.stopping = False
 
     def run(self, jobs: list[Job]) -> _PoolEnd:
-        queue = iter(enumerate(jobs))
+        pending = deque(enumerate(jobs))
         start_reports = self.context.SimpleQueue()
         pool = ProcessPoolExecutor(
-            self.workers, mp_context=self.context, initializer=_start_worker, initargs=(start_reports,)
+            self.workers, mp_context=self.context, initializer=_start_worker, initargs=(start_reports, os.getpid())
         )
-        with pool, contextlib.closing(start_reports):
-            try:
-                return self._feed(pool, queue, start_reports)
-            except BrokenProcessPool:
-                return self._after_break([job for _, job in queue])
-            except BaseException:  # Ctrl-C, a full disk in `take`: leaving the pool would wait for a stuck decode
-                self._read_start_reports(start_reports)
-                self._kill(index for future, (index, _) in self.in_flight.items() if not future.done())
-                raise
+        try:
+            end = self._feed(pool, pending, start_reports)
+        except BrokenProcessPool:
+            end = self._after_break([job for _, job in pending])
+        except BaseException:  # Ctrl-C, a full disk in `take`: never wait for a decode, nor for a stuck pool
+            stop_pool(pool)
+            raise
+        finally:
+            start_reports.close()
+        pool.shutdown(wait=True)  # its workers are idle or gone: this returns at once
+        return end
 
-    def _feed(self, pool: ProcessPoolExecutor, queue: Iterator[tuple[int, Job]], start_reports) -> _PoolEnd:
+    def _feed(self, pool: ProcessPoolExecutor, pending: deque, start_reports) -> _PoolEnd:
         while True:
-            for index, job in queue:
+            while not self.stopping and pending and len(self.in_flight) < self.workers * _IN_FLIGHT_PER_WORKER:
+                index, job = pending[0]
                 self.in_flight[pool.submit(_decode_reporting_start, self.decode, index, job)] = (index, job)
-                if len(self.in_flight) >= self.workers * _IN_FLIGHT_PER_WORKER:
-                    break
+                pending.popleft()
             if not self.in_flight:
-                return _PoolEnd()
-            done, _ = wait(self.in_flight, timeout=self._until_next_deadline(), return_when=FIRST_COMPLETED)
+                return _PoolEnd(requeue=[job for _, job in pending])
+            done, _ = wait(self.in_flight, timeout=self._until_next_check(), return_when=FIRST_COMPLETED)
             for future in done:
-                self.take(future.result())  # raises BrokenProcessPool when a worker died (or was stopped)
+                self.take(future.result())  # raises BrokenProcessPool once the pool was stopped
                 del self.in_flight[future]
             self._read_start_reports(start_reports)  # also without a limit: unread, they would fill the pipe
-            if self.timeout_s:
-                self._stop_overdue()
+            if not self.stopping and (self._overdue() or self._a_worker_died(pool)):
+                self.stopping = True
+                stop_pool(pool)
 
     def _read_start_reports(self, start_reports) -> None:
         while not start_reports.empty():
             index, pid, started = start_reports.get()
             self.started[index] = (pid, started)
 
-    def _until_next_deadline(self) -> float | None:
-        """Seconds to wait for a result before looking for a file over the limit (None: no limit)."""
+    def _until_next_check(self) -> float:
+        """Seconds to wait for a result before looking for a dead worker or a file over the limit."""
         if not self.timeout_s:
-            return None
+            return _LIVENESS_CHECK_S
         now = time.monotonic()
         running = [
             self.started[i][1] for i, _ in self.in_flight.values() if i in self.started and i not in self.stopped
         ]
-        return max(0.0, min([*running, now]) + self.timeout_s - now)  # a file starting now is due last
+        return min(
+            _LIVENESS_CHECK_S, max(0.0, min([*running, now]) + self.timeout_s - now)
+        )  # a file starting now is due last
 
-    def _stop_overdue(self) -> None:
+    def _overdue(self) -> bool:
+        """Mark the files whose decode passed the limit; whether there are any."""
+        if not self.timeout_s:
+            return False
         now = time.monotonic()
         overdue = [
             index
@@ -259,13 +306,13 @@ class _PoolRun:
             and now - self.started[index][1] > self.timeout_s
         ]
         self.stopped.update(overdue)
-        self._kill(overdue)
+        return bool(overdue)
 
-    def _kill(self, indices: Iterable[int]) -> None:
-        for index in indices:
-            if index in self.started:
-                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: the pool reports that too
-                    os.kill(self.started[index][0], signal.SIGKILL)
+    @staticmethod
+    def _a_worker_died(pool: ProcessPoolExecutor) -> bool:
+        """A worker ended while jobs are in flight (killed by the system, most often)."""
+        sentinels = [process.sentinel for process in list((pool._processes or {}).values())]
+        return bool(sentinels and multiprocessing.connection.wait(sentinels, timeout=0))
 
     def _after_break(self, not_started: list[Job]) -> _PoolEnd:
         """Keep every result that arrived; sort the other jobs in flight by what they need next."""

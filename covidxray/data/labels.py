@@ -8,8 +8,10 @@ A label a task does not use is dropped with a counted reason, never guessed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from covidxray.errors import UserError
 from covidxray.registry import Registry
 
 
@@ -64,3 +66,22 @@ register_task(
 
 def get_task(name: str) -> Task:
     return TASKS.get(name)
+
+
+def require_every_class(task: Task, counts: Mapping[str, int], where: str) -> None:
+    """UserError naming each class of `task` with no image in `counts` (class -> images) and what to do about it.
+
+    A model with an output it never saw trained would still print a probability for it.
+    """
+    missing = [c for c in task.classes if not counts.get(c)]
+    if not missing:
+        return
+    present = {c for c in task.classes if counts.get(c)}
+    fitting = [name for name in TASKS if name != task.name and set(TASKS.get(name).classes) <= present]
+    instead = f" (e.g. --task {fitting[0]}: {', '.join(TASKS.get(fitting[0]).classes)})" if fitting else ""
+    raise UserError(
+        f"{where} has no {' and no '.join(repr(c) for c in missing)} image for task {task.name} "
+        f"(classes {', '.join(task.classes)}), so the model would have an output trained on nothing. "
+        f"Add a source with such images (`covidxray sources`), choose a task without that class{instead}, "
+        "or map a source's finding to it with data.label_overrides"
+    )

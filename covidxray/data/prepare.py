@@ -14,6 +14,10 @@ one rename, so the data set switches atomically (see covidxray/manifest.py).
 Nothing unusable is silent: every dropped row or file is counted per reason
 in manifest.json and listed in dropped.csv; every removed duplicate in
 duplicates.csv; every kept image with its patient and split in splits.csv.
+These tables (with absolute image paths, so `covidxray audit` reads them
+from anywhere) are written in full before the manifest switches and moved
+into place right after it, and the manifest records their sha256: they never
+describe another data set than the live manifest without it showing.
 """
 
 from __future__ import annotations
@@ -21,31 +25,38 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from covidxray.config import DataConfig
 from covidxray.data import audit, dedup
 from covidxray.data.composition import composition
 from covidxray.data.image_cache import Decoded, ImageCache, cache_path
-from covidxray.data.labels import Task, get_task
+from covidxray.data.labels import Task, get_task, require_every_class
 from covidxray.data.split import SPLITS, make_splits, patients_overlap
 from covidxray.edge import preprocess
 from covidxray.errors import UserError
-from covidxray.files import atomic_open, atomic_write, sha256_file
-from covidxray.manifest import SHARD_DIR, load_manifest, write_manifest
+from covidxray.files import atomic_write, discard, output_folder, publish, sha256_file, staged_path
+from covidxray.manifest import (
+    DROPPED_TABLE,
+    DUPLICATE_TABLE,
+    SHARD_DIR,
+    SPLIT_TABLE,
+    TABLE_SHA256,
+    load_manifest,
+    write_manifest,
+)
 from covidxray.records import Dropped, Record
 from covidxray.sources import build_source
 from covidxray.sources.archive import ExtractLimits
 from covidxray.sources.descriptors import dedup_priority
+from covidxray.sources.layout import OUTSIDE, within
 from covidxray.sources.unmapped import override_hint
 
-SPLIT_TABLE = "splits.csv"  # every kept image, its patient and its split: the audit trail of the split
-DROPPED_TABLE = "dropped.csv"  # every row or file not used, and why
-DUPLICATE_TABLE = "duplicates.csv"  # every removed copy and the image kept in its place
 DUPLICATE_COLUMNS = [  # one row per removed copy; `kept_*` is the copy kept in its place (or, for a dropped label conflict, its twin)
     "kind",
     "distance",
@@ -82,6 +93,8 @@ def collect_records(config: DataConfig, task: Task, cache_dir: Path) -> Collecte
         for item in source.records(root):
             if isinstance(item, Dropped):
                 collected.dropped.append((name, item))
+            elif not within(root, item.image):  # whatever the adapter: nothing is read from outside the collection
+                collected.dropped.append((name, Dropped(OUTSIDE, str(item.image))))
             elif task.class_of(item.label) is None:
                 collected.dropped.append(
                     (name, Dropped(f"label {item.label!r} not in task {task.name}", str(item.image)))
@@ -170,22 +183,67 @@ def _receipt_if_done(path: Path, fingerprint: str, log: Callable[[str], None]) -
     return receipt if done else None
 
 
-def _write_csv(path: Path, header: list[str], rows) -> None:
-    with atomic_open(
-        path, "w", newline="", errors="backslashreplace"
-    ) as handle:  # file names that are not UTF-8 stay readable
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(rows)
+def _where(path: Path | str) -> str:
+    """An image path as the tables give it: absolute (prepare may have been given a relative --source)."""
+    return os.path.abspath(path)
 
 
-def write_split_table(path: Path, splits: dict[str, list[Record]], task: Task) -> None:
-    rows = (
-        [s, r.patient_id, r.source, r.label, task.class_of(r.label), r.view, str(r.image)]
-        for s in SPLITS
-        for r in splits[s]
-    )
-    _write_csv(path, ["split", "patient_id", "source", "label", "class", "view", "image"], rows)
+def stage_tables(
+    out: Path, task: Task, splits: dict[str, list[Record]], dropped, duplicates: list[dedup.Duplicate]
+) -> dict[str, Path]:
+    """splits.csv, dropped.csv and duplicates.csv of the new data set, each written in full beside its final name
+    (`<name>.partial`) to be published after the manifest switch: table name -> staged file."""
+    tables = {
+        SPLIT_TABLE: (
+            ["split", "patient_id", "source", "label", "class", "view", "image"],
+            (
+                [s, r.patient_id, r.source, r.label, task.class_of(r.label), r.view, _where(r.image)]
+                for s in SPLITS
+                for r in splits[s]
+            ),
+        ),
+        DROPPED_TABLE: (
+            ["source", "reason", "where", "detail"],
+            ([s, d.reason, d.where, d.detail] for s, d in dropped),
+        ),
+        DUPLICATE_TABLE: (
+            DUPLICATE_COLUMNS,
+            (
+                [
+                    d.kind,
+                    d.distance,
+                    d.evidence,
+                    _outcome(d),
+                    d.removed.source,
+                    _where(d.removed.image),
+                    d.removed.patient_id,
+                    d.removed.label,
+                    d.kept.source,
+                    _where(d.kept.image),
+                    d.kept.patient_id,
+                    d.kept.label,
+                ]
+                for d in duplicates
+            ),
+        ),
+    }
+    staged: dict[str, Path] = {}
+    try:
+        for name, (header, rows) in tables.items():
+            staged[name] = staged_path(out / name)
+            with open(
+                staged[name], "w", newline="", errors="backslashreplace"
+            ) as handle:  # non-UTF-8 names stay readable
+                writer = csv.writer(handle)
+                writer.writerow(header)
+                writer.writerows(rows)
+                handle.flush()
+                os.fsync(handle.fileno())  # on disk before the manifest that names its sha256
+    except BaseException:
+        for path in staged.values():
+            discard(path)
+        raise
+    return staged
 
 
 def _decode(
@@ -237,9 +295,8 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
             f"data.dedup_max_distance={config.dedup_max_distance}: use -1 (exact duplicates only) to {MAX_DEDUP_DISTANCE}"
         )
     progress = progress or (lambda done, total=None: None)
-    out = Path(config.data_dir)
-    shard_dir = out / SHARD_DIR
-    shard_dir.mkdir(parents=True, exist_ok=True)
+    out = output_folder(config.data_dir, "--data-dir")
+    shard_dir = output_folder(out / SHARD_DIR, "--data-dir")
 
     collected = collect_records(config, task, out / "raw")
     dropped = collected.dropped
@@ -247,6 +304,9 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
         log(line)
     if not collected.records:
         raise _no_records("records", task, config, dropped)
+    require_every_class(
+        task, Counter(task.class_of(r.label) for r in collected.records), f"sources {', '.join(config.sources)}"
+    )
     with ImageCache(cache_path(out, config.image_size), log) as cache:
         usable, decoded, contents, failed = _decode(collected.records, config, cache, progress, log)
         dropped += failed
@@ -281,6 +341,7 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
             config.test_fraction,
             config.seed,
         )
+        require_every_class(task, Counter(task.class_of(r.label) for r in splits["train"]), "the train split")
         if split_report.get("patients_moved_to_test"):
             log(
                 f"{split_report['patients_moved_to_test']} patient(s) had images on both sides of the {split_report['mode']} split: "
@@ -302,7 +363,7 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
             partial.unlink()
         decode_total = len({str(r.image) for r in collected.records})
         progress(0, decode_total + sum(len(chunk) for _, chunk in plan))
-        receipts, reused = [], 0
+        receipts, reused, staged = [], 0, {}
         try:  # beside the current data set: its manifest and shards stay valid until the switch below
             for planned, chunk in plan:
                 fingerprint = _fingerprint(chunk, task, config.image_size, decoded)
@@ -317,43 +378,22 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
             manifest = build_manifest(config, task, splits, receipts, dropped, deduped, collected.sources)
             manifest["shards_reused"] = reused
             manifest["split"] = split_report
+            staged = stage_tables(out, task, splits, dropped, deduped.duplicates)
+            manifest[TABLE_SHA256] = {name: sha256_file(path) for name, path in staged.items()}
             manifest["seconds"] = round(time.time() - started, 2)
             previous = _listed_shards(out)
-            manifest = write_manifest(out, manifest)
+            manifest = write_manifest(out, manifest)  # the switch: from here on this is the data set
         except OSError as err:  # out of disk, most often
+            for path in staged.values():
+                discard(path)
             raise UserError(
                 f"writing the new data set into {out} failed ({err.strerror or err}); the previous data set there, if any, is "
                 f"untouched and still valid. Free some space (or use another --data-dir) and re-run prepare: finished shards are kept"
             ) from None
 
+    for name, path in staged.items():  # renames within the folder: no new space needed
+        publish(path, out / name)
     _remove_unlisted_shards(shard_dir, {s["file"] for s in manifest["shards"]} | previous)
-    write_split_table(out / SPLIT_TABLE, splits, task)
-    _write_csv(
-        out / DROPPED_TABLE,
-        ["source", "reason", "where", "detail"],
-        ([s, d.reason, d.where, d.detail] for s, d in dropped),
-    )
-    _write_csv(
-        out / DUPLICATE_TABLE,
-        DUPLICATE_COLUMNS,
-        (
-            [
-                d.kind,
-                d.distance,
-                d.evidence,
-                _outcome(d),
-                d.removed.source,
-                str(d.removed.image),
-                d.removed.patient_id,
-                d.removed.label,
-                d.kept.source,
-                str(d.kept.image),
-                d.kept.patient_id,
-                d.kept.label,
-            ]
-            for d in deduped.duplicates
-        ),
-    )
     return manifest
 
 
@@ -422,5 +462,5 @@ def build_manifest(
         },
         "tables": {"splits": SPLIT_TABLE, "dropped": DROPPED_TABLE, "duplicates": DUPLICATE_TABLE},
         "shards": [{k: r[k] for k in ("file", "split", "records", "sha256")} for r in receipts],
-        "data_config": asdict(config),
+        "data_config": config.recorded(),
     }

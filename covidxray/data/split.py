@@ -26,9 +26,9 @@ import numpy as np
 
 from covidxray.data.labels import Task
 from covidxray.errors import UserError
+from covidxray.manifest import SPLITS
 from covidxray.records import Record
 
-SPLITS = ("train", "val", "test")
 SPLIT_MODES = ("patient", "source")
 
 

@@ -9,12 +9,18 @@ unchanged archive is never unpacked twice.
 
 Extraction is bounded before a byte is written: the declared sizes may not
 exceed data.max_extract_bytes in total, nor data.max_compression_ratio times
-the archive's own size (overall, and per zip member), nor the free disk; a
-zip member that inflates beyond its declared size stops the extraction too.
+the archive's own size overall, nor the free disk; a zip member that inflates
+beyond its declared size stops the extraction too. One rule bounds each
+member's own ratio (`_Budget.check_ratio`): a zip member by the sizes its
+header declares, before extraction; a member of a compressed tar, whose
+compressed size no header records, by the compressed bytes read for it so
+far, checked after every block it writes (so a 300 MiB member of zeros in a
+tar.gz stops after a few MiB, though the archive overall expands only ~40x).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import posixpath
@@ -36,6 +42,7 @@ Say = Callable[[str], None]
 
 _RATIO_MIN_BYTES = 1 << 20  # tiny members (a CSV, padding) may compress far better; they cannot hurt
 _COPY_BLOCK = 1 << 20
+_TAR_READ_BYTES = tarfile.RECORDSIZE * 20  # tarfile's own default
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,7 @@ class _Budget:
     """Bytes an extraction may still write; every member is charged before it is written."""
 
     def __init__(self, archive: Path, dest: Path, limits: ExtractLimits):
-        self.archive, self.limits, self.written = archive, limits, 0
+        self.archive, self.dest, self.limits, self.written = archive, dest, limits, 0
         self.archive_bytes = max(archive.stat().st_size, 1)
         self.free = shutil.disk_usage(dest).free
 
@@ -66,13 +73,16 @@ class _Budget:
             f"If the archive is genuine, raise {setting} (--set data.{setting}=...)"
         )
 
-    def charge(self, name: str, size: int, compressed: int | None = None) -> None:
-        if compressed is not None and size > _RATIO_MIN_BYTES and size > self.limits.max_ratio * max(compressed, 1):
+    def check_ratio(self, name: str, size: int, compressed: int) -> None:
+        """Refuse a member that expands `size` bytes from `compressed` bytes beyond max_compression_ratio."""
+        if size > _RATIO_MIN_BYTES and size > self.limits.max_ratio * max(compressed, 1):
             raise self._refuse(
                 f"member {name!r} expands {size / max(compressed, 1):.0f}x ({compressed:,} -> {size:,} bytes), "
                 f"above max_compression_ratio {self.limits.max_ratio:g}",
                 "max_compression_ratio",
             )
+
+    def charge(self, name: str, size: int) -> None:
         self.written += size
         if self.written > self.limits.max_bytes:
             raise self._refuse(
@@ -87,8 +97,8 @@ class _Budget:
             )
         if self.written > self.free:
             raise UserError(
-                f"{self.archive}: extracting needs more than the {self.free >> 20:,} MB free on {self.archive.parent}'s "
-                "disk; free some space or put the data elsewhere (--data-dir)"
+                f"{self.archive}: extracting needs more than the {self.free >> 20:,} MB free on the disk of {self.dest} "
+                "(where it unpacks, in --data-dir); free some space there or choose another --data-dir"
             )
 
 
@@ -149,7 +159,8 @@ def _extract_zip(archive: Path, dest: Path, limits: ExtractLimits) -> None:
                 _check_link(archive, name, bundle.read(info).decode("utf-8", "replace"), relative_to_member=True)
                 continue  # zipfile would write the link as a text file; no layout needs links
             if name != ".":
-                budget.charge(info.filename, info.file_size, info.compress_size)
+                budget.check_ratio(info.filename, info.file_size, info.compress_size)
+                budget.charge(info.filename, info.file_size)
                 members.append((name, info))
         for name, info in members:  # every size checked before the first byte is written
             if info.is_dir():
@@ -158,20 +169,66 @@ def _extract_zip(archive: Path, dest: Path, limits: ExtractLimits) -> None:
                 _copy_member(bundle, info, dest / name, archive)
 
 
+class _CountingReader(io.RawIOBase):
+    """A read-only file that counts the bytes read from it: the compressed bytes a tar member has cost."""
+
+    def __init__(self, raw):
+        self.raw, self.consumed = raw, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        count = self.raw.readinto(buffer)
+        self.consumed += count
+        return count
+
+    def seekable(self) -> bool:
+        return self.raw.seekable()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+
+def _copy_tar_member(
+    bundle: tarfile.TarFile, member: tarfile.TarInfo, dest: Path, compressed: _CountingReader, budget: _Budget
+) -> None:
+    """Write one regular member block by block, its ratio checked against the compressed bytes read for it."""
+    target = dest / member.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Its first bytes may come from the compressed block read for the member before it: credit it one block.
+    start, written = compressed.consumed - _TAR_READ_BYTES, 0
+    with bundle.extractfile(member) as source, open(target, "wb") as out:
+        for block in iter(lambda: source.read(_COPY_BLOCK), b""):
+            written += len(block)
+            budget.check_ratio(member.name, written, compressed.consumed - start)
+            out.write(block)
+
+
 def _extract_tar(archive: Path, dest: Path, limits: ExtractLimits) -> None:
     budget = _Budget(archive, dest, limits)
-    with tarfile.open(archive) as bundle:
-        for member in bundle:  # one forward pass: a .tar.gz is never decompressed twice
-            name = _check_name(archive, member.name)
-            if member.issym() or member.islnk():
-                _check_link(archive, name, member.linkname, relative_to_member=member.issym())
-            elif not (member.isfile() or member.isdir()):
-                continue  # devices and fifos have no place in an image collection
-            budget.charge(member.name, member.size)  # a tar member is exactly its declared size
-            try:
-                bundle.extract(member, dest, filter="data")
-            except tarfile.FilterError as err:
-                raise _unsafe(archive, member.name, str(err)) from None
+    with open(archive, "rb", buffering=0) as raw:
+        compressed = _CountingReader(raw)
+        # One forward pass, so a .tar.gz is never decompressed twice; compressed data is read _TAR_READ_BYTES at a time.
+        with tarfile.open(fileobj=compressed, mode="r|*", bufsize=_TAR_READ_BYTES) as bundle:
+            for member in bundle:
+                name = _check_name(archive, member.name)
+                if member.issym() or member.islnk():
+                    _check_link(archive, name, member.linkname, relative_to_member=member.issym())
+                elif not (member.isfile() or member.isdir()):
+                    continue  # devices and fifos have no place in an image collection
+                budget.charge(member.name, member.size)  # a tar member is exactly its declared size
+                try:
+                    safe = tarfile.data_filter(member, str(dest))
+                except tarfile.FilterError as err:
+                    raise _unsafe(archive, member.name, str(err)) from None
+                if safe.isfile():
+                    _copy_tar_member(bundle, safe, dest, compressed, budget)
+                else:
+                    bundle.extract(safe, dest, filter="data")
 
 
 def archive_stem(name: str) -> str:

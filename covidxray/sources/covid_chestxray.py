@@ -12,6 +12,7 @@ lateral view or, before the modality column existed, a CT slice.
 from __future__ import annotations
 
 import csv
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from covidxray.errors import UserError
 from covidxray.records import VOLUME_SUFFIXES, Dropped, Record
 from covidxray.sources.base import SourceOptions, register_source
 from covidxray.sources.fetch import DescribedSource, DownloadOptions
+from covidxray.sources.layout import OUTSIDE, within
 from covidxray.sources.unmapped import unknown_finding
 
 METADATA = "metadata.csv"
@@ -51,6 +53,8 @@ def read_metadata(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
             header = [name.strip().lower() for name in next(reader)]
         except StopIteration:
             raise UserError(f"{path} is empty; expected the covid-chestxray metadata header") from None
+        except csv.Error as err:
+            raise UserError(f"{path} line 1: malformed CSV header ({err})") from None
         missing = [name for name in REQUIRED if name not in header]
         if missing:
             raise UserError(
@@ -108,7 +112,9 @@ class CovidChestXraySource(DescribedSource):
         if not row.get("patientid"):
             return Dropped("row without patientid", where)
         image = root / folder / filename
-        if not image.is_file():
+        if not within(root, image):
+            return Dropped(OUTSIDE, where, f"folder {folder!r}, filename {filename!r}")
+        if not os.path.isfile(image):  # unlike Path.is_file, False for a name too long to exist
             return Dropped("image file listed in metadata.csv is missing", where, str(image))
         return Record(
             image=image,

@@ -5,7 +5,9 @@ connection must cost only the bytes not yet received: data goes to
 `<file>.partial` and a retry asks the server for the rest with an HTTP Range
 request. The finished file is renamed into place only after its sha256
 matched (when the descriptor knows one), so a file without `.partial` is
-always complete.
+always complete. A user name and password in the URL travel in an
+Authorization header (not to another host on a redirect) and are shown
+nowhere (covidxray/urls.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from covidxray.errors import UserError
 from covidxray.files import sha256_file
+from covidxray.urls import redacted, without_credentials
 
 CHUNK = 1 << 20
 USER_AGENT = "covidxray-fetch/0.1 (python urllib)"
@@ -67,8 +70,13 @@ def _transfer(url: str, partial: Path, timeout: float, meter: _Meter) -> None:
     headers = {"User-Agent": USER_AGENT}
     if offset:
         headers["Range"] = f"bytes={offset}-"
+    plain_url, authorization = without_credentials(url)
+    shown = redacted(url)
     try:
-        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+        request = urllib.request.Request(plain_url, headers=headers)
+        if authorization:  # unredirected: a redirect to another host must not carry the password there
+            request.add_unredirected_header("Authorization", authorization)
+        response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as err:
         if err.code == 416 and offset:  # nothing left to send: the partial file may already be whole
             total = err.headers.get("Content-Range", "").rpartition("/")[2]
@@ -78,14 +86,19 @@ def _transfer(url: str, partial: Path, timeout: float, meter: _Meter) -> None:
             raise _Retry(f"server refused to resume at byte {offset}; starting over") from None
         if err.code in (408, 429) or err.code >= 500:
             raise _Retry(f"HTTP {err.code} {err.reason}") from None
+        refused = (
+            f" ({'the user name and password in the URL were' if authorization else 'no credentials were'} not accepted)"
+            if err.code in (401, 403)
+            else ""
+        )
         raise UserError(
-            f"download of {url} failed: HTTP {err.code} {err.reason}. Check the URL (datasets/*.yaml or the "
+            f"download of {shown} failed: HTTP {err.code} {err.reason}{refused}. Check the URL (datasets/*.yaml or the "
             "source option `url:`), or download the file yourself and pass it with --from"
         ) from None
     except ValueError as err:
-        raise UserError(f"cannot download {url!r}: {err}") from None
+        raise UserError(f"cannot download {shown!r}: {redacted(str(err))}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
-        raise _Retry(str(getattr(err, "reason", err))) from None
+        raise _Retry(redacted(str(getattr(err, "reason", err)))) from None
     with response:
         resumed = offset > 0 and response.status == 206
         done = offset if resumed else 0
@@ -123,7 +136,7 @@ def download(
     if not dest.is_file():
         meter = _Meter(dest.name, say)
         resume_note = f", resuming at {partial.stat().st_size / 1e6:.0f} MB" if partial.exists() else ""
-        say(f"downloading {url} -> {dest}{resume_note}")
+        say(f"downloading {redacted(url)} -> {dest}{resume_note}")
         for attempt in range(retries + 1):
             try:
                 _transfer(url, partial, timeout, meter)
@@ -131,7 +144,7 @@ def download(
             except _Retry as err:
                 if attempt == retries:
                     raise UserError(
-                        f"download of {url} failed after {retries + 1} attempts ({err}). The bytes received so far "
+                        f"download of {redacted(url)} failed after {retries + 1} attempts ({err}). The bytes received so far "
                         f"are kept in {partial}: re-run to resume, or download the file yourself and pass it with --from"
                     ) from None
                 wait = backoff * 2**attempt
@@ -143,7 +156,7 @@ def download(
         actual = sha256_file(dest)
         say(f"  {dest.name}: sha256 {actual} (no checksum known to verify it; set the source option sha256 to pin it)")
         return dest, actual
-    return dest, verify_sha256(dest, sha256, origin=url, delete=True)
+    return dest, verify_sha256(dest, sha256, origin=redacted(url), delete=True)
 
 
 def verify_sha256(path: Path, expected: str, origin: str = "", delete: bool = False) -> str:

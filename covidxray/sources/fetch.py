@@ -22,6 +22,7 @@ from covidxray.sources.base import Source, SourceOptions
 from covidxray.sources.descriptors import Archive, Descriptor, load_descriptor
 from covidxray.sources.download import download, say_stderr, verify_sha256
 from covidxray.sources.layout import find_root
+from covidxray.urls import redacted
 
 
 @dataclass
@@ -91,9 +92,8 @@ class DescribedSource(Source):
         if not is_extracted(tree):
             path, digest = self.download(archive, cache_dir / "downloads")
             extract(path, tree, say_stderr, limits=self.extract_limits)
-            receipt.write_text(
-                json.dumps({"file": archive.file, "url": self.options.url or archive.url, "sha256": digest})
-            )
+            url = self.options.url or archive.url  # None for a Kaggle download
+            receipt.write_text(json.dumps({"file": archive.file, "url": url and redacted(url), "sha256": digest}))
         if receipt.is_file():
             self.provenance.update(json.loads(receipt.read_text()))
         return tree

@@ -1,5 +1,11 @@
-"""What `train` checks before its first step: intact shards, and that `--resume` continues the same run.
+"""What `train` checks before its first step: one run per folder, intact shards, and that `--resume` continues the same run.
 
+- Rank 0 takes the run folder's lock (RUN_LOCK) before anything there is
+  changed, and holds it until training ends, so a second `train` into the
+  same folder stops at once, naming the host and pid of the one running,
+  instead of deleting its checkpoints. The lock is an flock on a file that
+  records its holder: the kernel releases it when the holder dies, however it
+  dies, so a killed run's leftover file never blocks the next one.
 - Every rank verifies the shard files it will read against the sha256s in the
   (sealed) manifest, so a bit-flipped or relabelled shard is never trained on.
 - `--resume` refuses when the data set (the manifest's content hash: labels,
@@ -7,7 +13,8 @@
   differs from what the run started with, naming each difference; `--force`
   continues anyway and records the new inputs. Settings that may change on a
   resume without changing what is learned so far: epochs (to train longer),
-  run_dir, elastic and early_stopping_patience.
+  run_dir, elastic and early_stopping_patience. A resume from a checkpoint
+  without the record of its inputs refuses too, unless `--force`.
 
 Any rank's problem is gathered to every rank and raised everywhere, so a
 Horovod job stops on all boards with the same message instead of hanging.
@@ -15,20 +22,81 @@ Horovod job stops on all boards with the same message instead of hanging.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
+import fcntl
 import json
+import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from covidxray.config import Config
 from covidxray.errors import UserError
+from covidxray.files import output_folder
 from covidxray.manifest import MANIFEST, content_sha256, describe_shard_problems, shard_paths, shard_problems
-from covidxray.run_folder import write_json
+from covidxray.run_folder import CHECKPOINTS, LATEST, RUN_LOCK, write_json
 from covidxray.train.input import assign_shards
 
 RUN_INPUTS = "run_inputs.json"  # the data set and settings this run's checkpoints were trained with
 RESUMABLE_CHANGES = ("epochs", "run_dir", "elastic", "early_stopping_patience")
+
+
+class RunLock:
+    """The run folder's lock, held by rank 0 from before it changes anything there until training ends."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.path, self.handle = run_dir, run_dir / RUN_LOCK, None
+
+    def acquire(self) -> str | None:
+        """Take the lock; None when taken, else why not (another run's host and pid, or a folder that cannot be one)."""
+        try:
+            output_folder(self.run_dir, "--run-dir")
+        except UserError as err:
+            return str(err)
+        while True:
+            try:
+                handle = open(self.path, "a+")
+            except OSError as err:
+                return f"cannot create the lock file {self.path} ({err.strerror or err}); choose another --run-dir"
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "a process that is just starting"
+                handle.close()
+                return (
+                    f"{self.run_dir} is in use by another `covidxray train` ({holder}); wait for it to end, or train "
+                    f"into another --run-dir. The lock ({self.path}) is released when that process ends, however it ends"
+                )
+            try:
+                same_file = os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino
+            except FileNotFoundError:  # its holder released (and removed) it between our open and flock
+                same_file = False
+            if same_file:
+                break
+            handle.close()
+        started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"host {socket.gethostname()}, pid {os.getpid()}, started {started}")
+        handle.flush()
+        self.handle = handle
+        return None
+
+    def release(self) -> None:
+        if self.handle is not None:
+            self.path.unlink(missing_ok=True)  # while still held: a waiting opener then sees a new file, not this one
+            self.handle.close()
+            self.handle = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def training_settings(config: Config) -> dict:
@@ -51,7 +119,12 @@ def _rank_shards(world, data_dir: Path, manifest: dict) -> tuple[list[str], str 
 def _resume_error(run_dir: Path, inputs: dict, force: bool, say: Callable[[str], None]) -> str | None:
     path = run_dir / RUN_INPUTS
     if not path.is_file():
-        return None  # a run from before this record existed: nothing to compare with
+        if force or not (run_dir / CHECKPOINTS / LATEST).is_file():
+            return None  # no checkpoint to continue: nothing to mix up
+        return (
+            f"{path} is missing, so it is unknown which data set and settings the checkpoint in {run_dir} was trained "
+            "with; resume with --resume --force if you are sure they are the same, or start over without --resume"
+        )
     try:
         saved = json.loads(path.read_text())
         saved_settings, saved_data = dict(saved["train"]), saved["data_sha256"]
@@ -86,19 +159,26 @@ def _resume_error(run_dir: Path, inputs: dict, force: bool, say: Callable[[str],
 
 def check_before_training(
     world, config: Config, data_dir: Path, manifest: dict, resume: bool, force: bool, say: Callable[[str], None]
-) -> None:
-    """Raise the same UserError on every rank when a shard is damaged or a resume does not match; else record the inputs."""
+) -> contextlib.AbstractContextManager:
+    """Raise the same UserError on every rank when the run folder is taken, a shard is damaged or a resume does not
+    match; else record the inputs. Returns the run folder's lock (rank 0; a no-op elsewhere): hold it while training."""
     started = time.perf_counter()
     run_dir = Path(config.train.run_dir)
     inputs = {"data_sha256": content_sha256(manifest), "data_dir": str(data_dir), "train": training_settings(config)}
-    files, error = _rank_shards(world, data_dir, manifest)
+    lock = RunLock(run_dir) if world.is_root else contextlib.nullcontext()
+    error = lock.acquire() if world.is_root else None  # first: a second run stops before it verifies or deletes
+    files: list[str] = []
+    if error is None:
+        files, error = _rank_shards(world, data_dir, manifest)
     if error is None and world.is_root and resume:
         error = _resume_error(run_dir, inputs, force, say)
     errors = [e for e in world.allgather_object(error) if e]
     if errors:
+        if world.is_root:
+            lock.release()
         raise UserError("\n".join(errors))
     if world.is_root:
         mb = sum(Path(f).stat().st_size for f in files) / 1e6
         say(f"{len(files)} shard(s) ({mb:.0f} MB) verified against {MANIFEST} in {time.perf_counter() - started:.1f} s")
-        run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / RUN_INPUTS, inputs)
+    return lock

@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from covidxray.config import Config
+from covidxray.data.labels import get_task, require_every_class
 from covidxray.edge.preprocess import PREPROCESSING_VERSION
 from covidxray.errors import UserError
 from covidxray.files import PARTIAL
@@ -237,6 +238,11 @@ def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> TrainingState | 
     saved = read_latest(run_dir)
     if saved is None:
         return None
+    if not (run_dir / CHECKPOINTS / saved["path"]).is_dir():
+        raise UserError(
+            f"{run_dir / CHECKPOINTS / LATEST} names checkpoint {saved['path']}, but that folder is missing (deleted or "
+            "moved?); put it back to resume, or start over without --resume"
+        )
     try:
         checkpoint.read(str(run_dir / CHECKPOINTS / saved["path"] / "ckpt")).assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as err:
@@ -280,9 +286,15 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
         if world.is_root:
             user_say(message)
 
-    run_dir = Path(cfg.run_dir)
     manifest = load_manifest(data_dir)
-    check_before_training(world, config, data_dir, manifest, resume, force, say)
+    require_every_class(get_task(manifest["task"]), manifest["splits"]["train"]["classes"], f"{data_dir}'s train split")
+    with check_before_training(world, config, data_dir, manifest, resume, force, say):  # rank 0 holds the run folder
+        return _train_checked(config, world, manifest, resume, say)
+
+
+def _train_checked(config: Config, world: World, manifest: dict, resume: bool, say: Callable[[str], None]) -> dict:
+    """`train` once the shards are verified and rank 0 holds the run folder."""
+    cfg, data_dir, run_dir = config.train, Path(config.data.data_dir), Path(config.train.run_dir)
     labels, image_size = manifest["labels"], int(manifest["image_size"])
     config.data.image_size, config.data.task = image_size, manifest["task"]
     train_records = manifest["splits"]["train"]["records"]
