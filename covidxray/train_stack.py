@@ -44,7 +44,7 @@ def how_to_train() -> str:
         return (
             "For training, run `bash scripts/install.sh` in a clone of covidxray (or `pip install 'covidxray[train]'`)"
         )
-    wanted, this = "%d.%d" % TRAINING_PYTHON, "%d.%d" % python
+    wanted, this = ".".join(map(str, TRAINING_PYTHON)), ".".join(map(str, python))
     return (
         f"The training install needs Python {wanted} (TensorFlow 2.15 and Horovod 0.28.1 have no build for "
         f"Python {this}): install a Python {wanted} beside this one "

@@ -27,7 +27,9 @@ def entry_differences(expected: dict, actual: dict, tolerance: float) -> list[st
         return [] if same else [f"error {expected.get('reason')!r} vs {actual.get('reason')!r}"]
     if "rejected" in expected or "rejected" in actual:
         if expected.get("reason") != actual.get("reason") or ("rejected" in expected) != ("rejected" in actual):
-            return [f"verdict {expected.get('reason', expected.get('label'))!r} vs {actual.get('reason', actual.get('label'))!r}"]
+            return [
+                f"verdict {expected.get('reason', expected.get('label'))!r} vs {actual.get('reason', actual.get('label'))!r}"
+            ]
         if not close(expected["score"], actual["score"], tolerance):
             return [f"{expected['reason']} score {expected['score']!r} vs {actual['score']!r}"]
         return []
