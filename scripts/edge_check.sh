@@ -67,14 +67,14 @@ IN_ROOT_FILES=""
 for i in "${!FILES[@]}"; do  # numbered: two files of one name from different folders stay apart, in order
     name=$(printf '%03d-%s' "$i" "$(basename "${FILES[i]}")")
     cp "${FILES[i]}" "$ROOT$CHECK/files/$name"
-    IN_ROOT_FILES+=" $CHECK/files/$name"
+    IN_ROOT_FILES+=" $(printf %q "$CHECK/files/$name")"
 done
 
 # A wheel tagged plain linux_<arch> was compiled here from an sdist: on a Pi that is slow, so fail on one.
 timed "edge install (python3 -m venv, pip wheel + install --only-binary=:all:)" in_root "
     python3 --version && python3 -m venv $VENV \
     && $VENV/bin/pip wheel -q --no-deps -w $CHECK/dist $CHECK/covidxray \
-    && $VENV/bin/pip install -q --only-binary=:all: --report $CHECK/install-report.json $CHECK/dist/covidxray-*.whl[edge] \
+    && $VENV/bin/pip install -q --only-binary=:all: --report $CHECK/install-report.json \"\$(echo $CHECK/dist/covidxray-*.whl)[edge]\" \
     && ! grep -l 'Tag: .*-linux_' $VENV/lib/python3*/site-packages/*.dist-info/WHEEL \
     && ! $VENV/bin/python -c 'import tensorflow' 2>/dev/null"
 in_root "$VENV/bin/python -c '
@@ -84,7 +84,7 @@ for item in json.load(open(\"$CHECK/install-report.json\"))[\"install\"]:
 '" >"$OUT/wheels.txt"
 in_root "$VENV/bin/python -c 'import sys, numpy, cv2, ai_edge_litert; print(\"Python\", sys.version.split()[0], \"numpy\", numpy.__version__, \"opencv\", cv2.__version__)'" \
     >"$OUT/versions.txt"
-echo "edge venv $(du -sm "$ROOT$VENV" | cut -f1) MB, $(wc -l <"$OUT/wheels.txt") wheels (none built here), no TensorFlow; $(cat "$OUT/versions.txt")" \
+echo "edge venv $(du -sm "$ROOT$VENV" | cut -f1) MB, $(wc -l <"$OUT/wheels.txt") wheels (no package compiled), no TensorFlow; $(cat "$OUT/versions.txt")" \
     | tee "$OUT/edge-venv.txt"
 
 predict_both() {  # predict_both MODEL: the training install's answers here, then the edge venv's in the root
