@@ -54,8 +54,11 @@ def how_to_train() -> str:
 
 
 def require_train_stack() -> None:
-    """Fail before long work (e.g. prepare's decoding) whose last step needs TensorFlow."""
+    """Fail before long work (e.g. prepare's decoding) whose last step needs TensorFlow.
+
+    Raises what the import itself would raise, so the CLI reports it as it reports a missing import
+    (missing_train_stack, whose message names `covidxray[train]`: printed as text, not as rich markup)."""
     import importlib.util
 
     if importlib.util.find_spec("tensorflow") is None:
-        raise missing_train_stack(ModuleNotFoundError("No module named 'tensorflow'", name="tensorflow"))
+        raise ModuleNotFoundError("No module named 'tensorflow'", name="tensorflow")

@@ -99,13 +99,18 @@ for model in "${MODELS[@]}"; do
 done
 
 # Training needs Python 3.11: on trixie's 3.13 both ways in must stop at once, exit 2, saying what to do.
-refuses() {  # refuses COMMAND: exit status 2 and a message naming Python 3.11
+refuses() {  # refuses COMMAND TEXT: exit status 2, no traceback, and a message that says TEXT
     local status=0
     in_root "$1" >"$OUT/refusal.txt" 2>&1 || status=$?
-    [ $status = 2 ] && grep -q "Python 3.11" "$OUT/refusal.txt" && tail -1 "$OUT/refusal.txt"
+    [ $status = 2 ] && ! grep -q Traceback "$OUT/refusal.txt" && tr -s ' \n' ' ' <"$OUT/refusal.txt" | grep -qF "$2" \
+        || { cat "$OUT/refusal.txt"; return 1; }
 }
-timed "scripts/install.sh (training install) refuses Python 3.13" refuses "cd $CHECK/covidxray && bash scripts/install.sh"
-timed "covidxray train refuses on the edge install" refuses "$VENV/bin/covidxray train --data-dir /nonexistent --run-dir /tmp/run"
+timed "scripts/install.sh (training install) refuses Python 3.13" \
+    refuses "cd $CHECK/covidxray && bash scripts/install.sh" "PYTHON=/path/to/python3.11 bash scripts/install.sh"
+for command in "train --data-dir /nonexistent --run-dir /tmp/run" "prepare --source synthetic --data-dir /tmp/data"; do
+    timed "covidxray ${command%% *} on the edge install refuses" \
+        refuses "$VENV/bin/covidxray $command" "pip install 'covidxray[train]'\` with that Python"
+done
 
 printf '\n==> trixie %s edge check (%s)\n' "$ARCH" "$(cat "$OUT/edge-venv.txt")"
 column -t -s $'\t' "$RESULTS"
