@@ -34,6 +34,7 @@ COVIDXRAY=${COVIDXRAY:-$PROJECT/.venv/bin/covidxray}
 # shellcheck source=scripts/debian_root.sh
 source "$PROJECT/scripts/debian_root.sh"
 require_tools "$ARCH"
+exec 9>"$CACHE/.lock-$ARCH" && flock 9  # two checks at once (two test runs) take turns with the root file system
 ROOT=$CACHE/rootfs-$ARCH
 CHECK=/opt/edge-check      # inside the root: the checkout, wheel, venv, models and files
 VENV=$CHECK/venv

@@ -54,7 +54,10 @@ def real_model(tmp_path_factory) -> Path:
         ["prepare", "--source", f"chest-xray-pneumonia={kaggle_subset(tmp / 'kaggle')}", "--task", "pneumonia"]
         + ["--set", "data.split=source", "--image-size", "64", "--data-dir", str(data_dir)],
         ["train", "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--epochs", "4", "--batch-size", "16"],
-        ["export", "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--format", "float32", "--format", "int8"],
+        # int8's agreement with Keras on 24 test films varies with the run; here it only has to be the same model on
+        # both installs, so the deployment bar is off (as in scripts/arm64_check.sh)
+        ["export", "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--format", "float32", "--format", "int8"]
+        + ["--set", "export.int8_min_agreement=0"],
     ]
     for step in steps:
         result = run_cli(*step)
