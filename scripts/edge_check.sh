@@ -8,8 +8,8 @@
 #
 #   sudo scripts/edge_check.sh [--arch amd64|arm64] CACHE_DIR OUT_DIR MODEL.tflite... -- FILE...
 #
-# CACHE_DIR keeps the root file system (CACHE_DIR/rootfs-ARCH) and pip's download cache inside it: after the
-# first run only the venv and the predictions are made anew. The training install's answers come from $COVIDXRAY
+# CACHE_DIR keeps the root file system (CACHE_DIR/rootfs-ARCH) and, inside it, the edge set's wheels downloaded from
+# PyPI (one wheelhouse per pyproject.toml): after the first run only the venv and the predictions are made anew. The training install's answers come from $COVIDXRAY
 # (default: the checkout's .venv/bin/covidxray). OUT_DIR gets train-<model>.json, edge-<model>.json (the same
 # files in the same order), wheels.txt (every file pip installed) and results.tsv. arm64 runs under
 # qemu-user-static (scripts/arm64_check.sh's trixie-edge step); needs debootstrap (and qemu-user-static).
@@ -71,11 +71,22 @@ for i in "${!FILES[@]}"; do  # numbered: two files of one name from different fo
     IN_ROOT_FILES+=" $(printf %q "$CHECK/files/$name")"
 done
 
+# pip asks the index about every package even when its cache holds the files (minutes behind a slow proxy). So the
+# first run downloads the edge set's wheels from PyPI into a wheelhouse kept per pyproject.toml, and every run
+# installs from it with the index off: the same files, until a dependency changes in pyproject.toml.
+WHEELHOUSE=/var/cache/covidxray-wheels/$(sha256sum "$PROJECT/pyproject.toml" | cut -c1-16)
+OFFLINE="--no-index --find-links $WHEELHOUSE"
+THE_WHEEL="\"\$(echo $CHECK/dist/covidxray-*.whl)[edge]\""
 # A wheel tagged plain linux_<arch> was compiled here from an sdist: on a Pi that is slow, so fail on one.
 timed "edge install (python3 -m venv, pip wheel + install --only-binary=:all:)" in_root "
     python3 --version && python3 -m venv $VENV \
-    && $VENV/bin/pip wheel -q --no-deps -w $CHECK/dist $CHECK/covidxray \
-    && $VENV/bin/pip install -q --only-binary=:all: --report $CHECK/install-report.json \"\$(echo $CHECK/dist/covidxray-*.whl)[edge]\" \
+    && if [ ! -e $WHEELHOUSE/.complete ]; then
+        $VENV/bin/pip download -q --only-binary=:all: -d $WHEELHOUSE 'setuptools>=64' \
+        && $VENV/bin/pip wheel -q --no-deps -w $CHECK/dist $CHECK/covidxray \
+        && $VENV/bin/pip download -q --only-binary=:all: -d $WHEELHOUSE $THE_WHEEL \
+        && rm $WHEELHOUSE/covidxray-* && touch $WHEELHOUSE/.complete; fi \
+    && $VENV/bin/pip wheel -q --no-deps $OFFLINE -w $CHECK/dist $CHECK/covidxray \
+    && $VENV/bin/pip install -q --only-binary=:all: $OFFLINE --report $CHECK/install-report.json $THE_WHEEL \
     && ! grep -l 'Tag: .*-linux_' $VENV/lib/python3*/site-packages/*.dist-info/WHEEL \
     && ! $VENV/bin/python -c 'import tensorflow' 2>/dev/null"
 in_root "$VENV/bin/python -c '
