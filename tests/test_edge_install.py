@@ -29,7 +29,10 @@ def requirement_name(requirement: str) -> str:
 def train_only_modules() -> set[str]:
     """Top-level modules installed by the `train` extra's distributions, plus Keras and Horovod (which come
     with TensorFlow / install.sh). Derived from the installed distributions, not from covidxray's code."""
-    train = {requirement_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["train"]}
+    # The `train` extra also narrows some base packages to their numpy-1 releases (numpy, OpenCV, pylibjpeg):
+    # those are the edge install's too.
+    base = {requirement_name(r) for r in PYPROJECT["project"]["dependencies"]}
+    train = {requirement_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["train"]} - base
     modules = {
         module
         for module, dists in packages_distributions().items()
