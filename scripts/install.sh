@@ -13,6 +13,28 @@ HOROVOD_VERSION=0.28.1
 # openssh/rsync are what horovodrun and the cluster scripts use between boards;
 # python3-venv and python3-dev (Python.h for Horovod) are missing from Raspberry Pi OS Lite and Debian minimal.
 SYSTEM_PACKAGES="cmake g++ make mpich libmpich-dev openssh-client openssh-server rsync python3-venv python3-dev"
+# debootstrap: the test suite's check of the edge install in a Debian trixie root file system
+# (tests/test_trixie_edge.py), so only on x86-64, where the suite and CI run; the boards do without.
+[ "$(uname -m)" != x86_64 ] || SYSTEM_PACKAGES+=" debootstrap"
+
+# TensorFlow 2.15 (and so Horovod 0.28.1) has wheels for CPython 3.9 to 3.11 only: refuse another Python now,
+# saying what to do, rather than after the apt step and a pip resolution that ends in "no matching distribution".
+TRAIN_PYTHON=3.11
+if [ -x "$VENV/bin/python" ]; then INTERPRETER=$VENV/bin/python; else INTERPRETER=$PYTHON; fi
+python_version=$("$INTERPRETER" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo unknown)
+if [ "$python_version" != "$TRAIN_PYTHON" ]; then
+    [ "$INTERPRETER" = "$PYTHON" ] || made_with=" (remove $VENV first: it was made with that Python)"
+    cat >&2 <<EOF
+error: the training install needs Python $TRAIN_PYTHON, and $INTERPRETER is Python $python_version: TensorFlow 2.15
+and Horovod 0.28.1 are built for Python 3.9 to 3.11 (Raspberry Pi OS trixie and Debian 13 ship 3.13).
+  To classify only (covidxray predict, no TensorFlow), any Python 3.11 to 3.13 does:
+      python3 -m venv ~/cx && ~/cx/bin/pip install --only-binary=:all: "$PWD[edge]"
+  To train, install a Python $TRAIN_PYTHON beside the system one (e.g. \`uv python install $TRAIN_PYTHON\`), then run
+      PYTHON=/path/to/python$TRAIN_PYTHON bash scripts/install.sh${made_with:-}
+  docs/cluster.md, section 1.2, has both.
+EOF
+    exit 2
+fi
 
 missing_system_packages() {
     for pkg in $SYSTEM_PACKAGES; do

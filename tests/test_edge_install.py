@@ -29,7 +29,10 @@ def requirement_name(requirement: str) -> str:
 def train_only_modules() -> set[str]:
     """Top-level modules installed by the `train` extra's distributions, plus Keras and Horovod (which come
     with TensorFlow / install.sh). Derived from the installed distributions, not from covidxray's code."""
-    train = {requirement_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["train"]}
+    # The `train` extra also narrows some base packages to their numpy-1 releases (numpy, OpenCV, pylibjpeg):
+    # those are the edge install's too.
+    base = {requirement_name(r) for r in PYPROJECT["project"]["dependencies"]}
+    train = {requirement_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["train"]} - base
     modules = {
         module
         for module, dists in packages_distributions().items()
@@ -146,3 +149,25 @@ def test_predict_explain_says_it_needs_tensorflow(exported_run, synthetic_data, 
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "needs TensorFlow" in " ".join(result.stderr.split())
     assert not (tmp_path / "gc").exists()
+
+
+def test_prepare_on_an_install_without_tensorflow_names_the_train_extra_whole(tmp_path):
+    """Where TensorFlow is simply not installed, prepare's early check finds no module (find_spec: None) rather than
+    an import failing; its message still reaches the user whole, `covidxray[train]` not eaten as rich markup."""
+    absent = (
+        "import importlib.util, sys\n"
+        "find = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda name, *a: None if name == 'tensorflow' else find(name, *a)\n"
+        "from covidxray.cli import app\n"
+        "app(args=sys.argv[1:], prog_name='covidxray')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", absent, "prepare", "--source", "synthetic", "--data-dir", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    message = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "needs TensorFlow" in message and "pip install 'covidxray[train]'" in message
+    assert not (tmp_path / "data").exists()
