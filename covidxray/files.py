@@ -6,7 +6,8 @@ that another process or a later run may read. The content goes to a
 over the target in one step: a crash leaves the old file or the new one,
 never a mix, and a leftover `.partial` is always safe to delete.
 `sha256_file` is the one hash of a file's bytes (shards, downloads, the
-manifest, model files, the decode cache key).
+manifest, model files, the decode cache key); `json_sha256` the one hash of a
+JSON document's content (the manifest's seal, a sidecar bound to its model).
 
 Imports only the standard library.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -81,3 +83,8 @@ def sha256_file(path: str | Path) -> str:
         while block := handle.read(_BLOCK):
             digest.update(block)
     return digest.hexdigest()
+
+
+def json_sha256(content) -> str:
+    """sha256 of sorted compact ASCII JSON: independent of formatting and key order."""
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -31,7 +31,7 @@ import cv2
 import numpy as np
 
 from covidxray.edge.ood import threshold_on_val
-from covidxray.edge.sidecar_arrays import pack, unpack
+from covidxray.edge.sidecar_arrays import pack, threshold, unpack
 
 # Bump when SIDE, the standardisation or the score changes: a predictor refuses a sidecar of another version.
 VERSION = 1
@@ -96,7 +96,7 @@ class LayoutModel:
                 f"version {entry['version']!r} at {entry['side']!r} px, this predictor computes version {VERSION} at {SIDE} px"
             )
         dim = SIDE * SIDE
-        return cls(unpack(entry["mean"], (dim,)), unpack(entry["precision"], (dim, dim)), float(entry["threshold"]))
+        return cls(unpack(entry["mean"], (dim,)), unpack(entry["precision"], (dim, dim)), threshold(entry["threshold"]))
 
 
 def reframe(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
