@@ -214,8 +214,16 @@ def test_n10b_an_edited_sidecar_is_refused(exported_run, synthetic_data, tmp_pat
 @pytest.mark.parametrize(
     "name,edit,words",
     [
-        ("ood threshold NaN", lambda card: {**card, "ood": {**card["ood"], "threshold": float("nan")}}, "NaN"),
-        ("layout threshold inf", lambda card: {**card, "layout": {**card["layout"], "threshold": float("inf")}}, "inf"),
+        (
+            "ood threshold NaN",
+            lambda card: {**card, "ood": {**card["ood"], "threshold": float("nan")}},
+            "threshold nan",
+        ),
+        (
+            "layout threshold inf",
+            lambda card: {**card, "layout": {**card["layout"], "threshold": float("inf")}},
+            "threshold inf",
+        ),
         ("layout threshold 0", lambda card: {**card, "layout": {**card["layout"], "threshold": 0}}, "threshold 0"),
         ("no ood, no layout", lambda card: {k: v for k, v in card.items() if k not in ("ood", "layout")}, "lacks ood"),
         ("no temperature", lambda card: {k: v for k, v in card.items() if k != "temperature"}, "lacks temperature"),

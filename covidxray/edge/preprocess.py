@@ -365,7 +365,17 @@ def load_gray(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndar
         raise ImageError("not-xray", path, "a 3-D volume file (CT/MR), not a radiograph")
     dicom = is_dicom(path)
     _check_pixel_count(path, declared_size(path, dicom), max_pixels, "header declares")
-    gray = _load_dicom(path) if dicom else _load_raster(path, max_pixels)
+    if dicom:
+        try:
+            gray = _load_dicom(path)
+        except ImageError:
+            raise
+        except Exception as err:  # malformed data sets fail inside pydicom in many ways: that file's problem only
+            raise ImageError(
+                "unreadable", path, f"cannot decode DICOM ({type(err).__name__}: {_one_line(err)})"
+            ) from None
+    else:
+        gray = _load_raster(path, max_pixels)
     _check_pixel_count(path, gray.shape[::-1], max_pixels, "decodes to")  # formats whose header is not parsed
     if min(gray.shape[:2]) < 16:
         raise ImageError("unreadable", path, f"image too small ({gray.shape[1]}x{gray.shape[0]})")
