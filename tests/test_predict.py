@@ -32,6 +32,9 @@ GATE_REASONS = {
     "grainless-blobs",
     "out-of-distribution",
     "not-chest-layout",
+    "inverted",
+    "upside-down",
+    "inverted-upside-down",
 }
 OPTIONAL = {"gradcam": str}
 REASONS = {"missing", "empty", "unreadable", "not-xray", "unsupported", "too-large"}

@@ -25,13 +25,14 @@ from covidxray.edge.chest_layout import LayoutModel, OtherVersion
 from covidxray.edge.model_binding import TFLITE_SHA256, embedded_digest, sidecar_digest
 from covidxray.edge.native_stderr import native_stderr_to
 from covidxray.edge.ood import OodModel
+from covidxray.edge.orientation import OrientationModel
 from covidxray.errors import UserError
 from covidxray.files import partial_path
 from covidxray.run_folder import sidecar_path
 
 EMBEDDING_OUTPUT = "embedding"  # the second output's signature name (covidxray/export/tflite.py)
 # Every entry predict's answer depends on: without `ood` or `layout` a gate check would be silently off.
-REQUIRED_KEYS = ("labels", "image_size", "temperature", "ood", "layout")
+REQUIRED_KEYS = ("labels", "image_size", "temperature", "ood", "layout", "orientation")
 PAIR_READS, PAIR_RETRY_S = 3, 0.5  # a pair read between export's two renames matches when read again
 
 
@@ -43,7 +44,11 @@ def _sidecar_problem(
         return f"holds a JSON {type(card).__name__}, not an object"
     missing = [key for key in required if key not in card]
     if missing:
-        gate = " (without it a check of the input gate would be off)" if {"ood", "layout"} & set(missing) else ""
+        gate = (
+            " (without it a check of the input gate would be off)"
+            if {"ood", "layout", "orientation"} & set(missing)
+            else ""
+        )
         return f"lacks {', '.join(missing)}{gate}"
     labels, size = card["labels"], card["image_size"]
     if (
@@ -81,6 +86,12 @@ def _sidecar_problem(
         return f"chest-layout section is {err}: export again with this covidxray (or predict with the one that exported it)"
     except (TypeError, KeyError, ValueError, AttributeError) as err:
         return f"chest-layout section is damaged ({type(err).__name__}: {err})"
+    if "orientation" not in card:
+        return None
+    try:
+        OrientationModel.from_sidecar(card["orientation"])
+    except (TypeError, KeyError, ValueError, AttributeError) as err:
+        return f"orientation section is unusable ({type(err).__name__}: {err}): export again with this covidxray"
     return None
 
 
@@ -131,6 +142,7 @@ class TFLiteClassifier:
         # None only in export's hands, before it fits them: every sidecar predict reads has both (REQUIRED_KEYS)
         self.ood = OodModel.from_sidecar(card["ood"]) if "ood" in card else None
         self.layout = LayoutModel.from_sidecar(card["layout"]) if "layout" in card else None
+        self.orientation = OrientationModel.from_sidecar(card["orientation"]) if "orientation" in card else None
 
     def _read_pair(self) -> tuple[bytes, dict]:
         """The model's bytes and its sidecar, read again once when they do not match: `export` replaces the two

@@ -2,7 +2,9 @@
 
 A bad file never stops the others; its entry carries the error instead. An
 image that is not a chest radiograph gets `rejected` instead of a class: by
-the cheap checks of covidxray/edge/radiograph_gate.py, because its
+the cheap checks of covidxray/edge/radiograph_gate.py, because it looks like
+a film shown inverted or upside down, or like no film in any orientation
+(covidxray/edge/orientation.py: the reason names the orientation), because its
 embedding lies beyond the out-of-distribution threshold in the sidecar, or
 because its coarse layout is unlike the training films'
 (covidxray/edge/chest_layout.py). No
@@ -113,6 +115,9 @@ def predict_path(
     if not gate.passed:
         return _rejected(path, gate.reason, gate.score, gate.limit)
     image = as_model_input(gray, classifier.image_size)
+    orientation, probability, upright = classifier.orientation.orientation(image)
+    if orientation != "upright":
+        return _rejected(path, orientation, probability, upright)
     raw, embedding = classifier.infer(image)
     distance = classifier.ood_distance(embedding)
     if distance > classifier.ood.threshold:

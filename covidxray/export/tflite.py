@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from covidxray.config import Config
 from covidxray.data.tfrecord import read_records
-from covidxray.edge import chest_layout, ood
+from covidxray.edge import chest_layout, ood, orientation
 from covidxray.edge.litert import EMBEDDING_OUTPUT, TFLiteClassifier
 from covidxray.edge.model_binding import bind
 from covidxray.edge.native_stderr import native_stderr_to
@@ -105,11 +105,17 @@ def fit_calibration_and_ood(classifier: TFLiteClassifier, data_dir: Path, margin
     }
 
 
-def fit_chest_layout(data_dir: Path, margin: float) -> dict:
-    """Sidecar entry `layout`: fitted on the train split's model inputs, threshold on val (covidxray/edge/chest_layout.py)."""
+def fit_pixel_checks(data_dir: Path, manifest: dict, margin: float) -> dict:
+    """Sidecar entries `layout` (covidxray/edge/chest_layout.py: fitted on the train split's model inputs, threshold
+    on val) and `orientation` (covidxray/edge/orientation.py: on at most orientation.MAX_FILMS train films, spread
+    over the split). Pixels only, so one fit serves every format."""
     train = (image for image, _ in iter_split(data_dir, "train"))  # streamed: the split never sits in memory whole
     val = (image for image, _ in iter_split(data_dir, "val"))
-    return chest_layout.fit_with_threshold(train, val, margin)
+    layout = chest_layout.fit_with_threshold(train, val, margin)
+    step = -(-manifest["splits"]["train"]["records"] // orientation.MAX_FILMS)
+    films = (image for i, (image, _) in enumerate(iter_split(data_dir, "train")) if i % step == 0)
+    val = (image for image, _ in iter_split(data_dir, "val"))
+    return {"layout": layout, "orientation": orientation.fit_entry(films, val)}
 
 
 def write_saved_model(model: tf.keras.Model, run_dir: Path) -> Path:
@@ -191,7 +197,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         "training_manifest_sha256": card.get("manifest_sha256"),
         "int8_min_agreement": config.export.int8_min_agreement,
     }
-    layout = None
+    pixel_checks = None
     for fmt in formats:
         with native_stderr_to(log):
             flatbuffer = convert(saved_model, fmt, representative)
@@ -202,8 +208,9 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
                 TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar), data_dir, config.export.ood_margin
             )
         )
-        layout = layout or fit_chest_layout(data_dir, config.export.layout_margin)  # after the val split was checked
-        sidecar["layout"] = layout
+        # after the val split was checked (fit_calibration_and_ood)
+        pixel_checks = pixel_checks or fit_pixel_checks(data_dir, manifest, config.export.layout_margin)
+        sidecar.update(pixel_checks)
         classifier = TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar)  # calibrated, as predict will run it
         lite_probs, test_embeddings, _ = _run_split(classifier, data_dir, "test")
         lite_pred = classifier.calibrated(lite_probs).argmax(1)
@@ -217,10 +224,11 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             "test_over_ood_threshold": float(
                 (classifier.ood.distances(test_embeddings) > classifier.ood.threshold).mean()
             ),
-            "layout_threshold": layout["threshold"],
+            "layout_threshold": pixel_checks["layout"]["threshold"],
             "test_over_layout_threshold": float(
                 (classifier.layout.scores(test_images) > classifier.layout.threshold).mean()
             ),
+            "test_not_upright": float((classifier.orientation.probabilities(test_images).argmax(axis=1) != 0).mean()),
         }
         entry["accuracy_delta"] = entry["accuracy"] - report["keras"]["accuracy"]
         sidecar["parity"] = {
@@ -246,7 +254,8 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             f"accuracy {entry['accuracy']:.2%} ({entry['accuracy_delta']:+.2%}), temperature {entry['temperature']:.3f} "
             f"(val ECE {entry['val_ece_before_after'][0]:.3f} -> {entry['val_ece_before_after'][1]:.3f}), "
             f"test images beyond the out-of-distribution threshold {entry['test_over_ood_threshold']:.2%}, "
-            f"beyond the chest-layout threshold {entry['test_over_layout_threshold']:.2%}"
+            f"beyond the chest-layout threshold {entry['test_over_layout_threshold']:.2%}, "
+            f"not upright {entry['test_not_upright']:.2%}"
         )
     write_json(run_dir / EXPORT_REPORT, report)
     if not report.get("int8", {}).get("meets_bar", True):
