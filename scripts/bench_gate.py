@@ -109,7 +109,9 @@ def odd_film_outcomes(pairs, classifier) -> tuple[list[list], list[dict]]:
     wrong = []
     for film, odd, view in pairs:
         upright, result = predict_path(film, classifier), predict_path(odd, classifier)
-        collection = next((part for part in film.parts if part in ODD_COLLECTIONS), "stored odd (gate_corpus.KNOWN_ODD)")
+        collection = next(
+            (part for part in film.parts if part in ODD_COLLECTIONS), "stored odd (gate_corpus.KNOWN_ODD)"
+        )
         if "label" not in result:
             seen = "refused"
         elif result["label"] == upright.get("label"):
