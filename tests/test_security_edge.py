@@ -303,7 +303,9 @@ def test_n9_an_export_killed_between_its_two_renames_leaves_a_pair_predict_refus
     assert model.with_suffix(".json").read_text() == old_card  # the new model beside the old sidecar
     assert (tmp_path / "m" / "model-float32.json.partial").exists()
     result = run_cli("predict", "--model", str(model), str(held_out_images(synthetic_data, 1)[0]))
-    assert_clear_error(result, "does not match its sidecar", "an export was interrupted", "export again")
+    assert_clear_error(
+        result, "does not match its sidecar", "an export was interrupted", "run `covidxray export` again"
+    )
     assert result.stdout == ""
 
 
