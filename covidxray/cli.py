@@ -351,6 +351,7 @@ def predict(
 ):
     """Classify X-rays with the exported model (LiteRT interpreter; no TensorFlow needed)."""
     from covidxray.edge.image_header import limit_decoder_pixels
+    from covidxray.files import signals_held
     from covidxray.run_folder import resolve_model
 
     def gradcam_for():
@@ -380,8 +381,10 @@ def predict(
     results: list[dict] = []
     try:
         for item in inputs:
-            results.append(predictor(item))
-            show_result(results[-1], "jsonl" if as_jsonl else "json" if as_json else "text")
+            result = predictor(item)
+            with signals_held():  # a result counts as done once its line is out, whole
+                show_result(result, "jsonl" if as_jsonl else "json" if as_json else "text")
+                results.append(result)
     except KeyboardInterrupt:
         if as_json:
             print(json.dumps(results, indent=2))  # still one valid document, of the files done

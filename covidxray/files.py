@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -88,3 +89,14 @@ def sha256_file(path: str | Path) -> str:
 def json_sha256(content) -> str:
     """sha256 of sorted compact ASCII JSON: independent of formatting and key order."""
     return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Delay SIGINT and SIGTERM until the block ends (then they are delivered), so that an interrupt cannot split
+    what must happen together: two renames that publish a pair of files, or a result and its line of output."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

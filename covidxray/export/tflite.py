@@ -13,11 +13,9 @@ calibrated probabilities predict will show, against the Keras model.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import shutil
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -35,7 +33,7 @@ from covidxray.export.c_array import write_c_array
 from covidxray.export.calibration import calibration_summary
 from covidxray.export.formats import FORMATS, check_formats
 from covidxray.export.keras_file import load_keras_model
-from covidxray.files import atomic_path, sha256_file
+from covidxray.files import atomic_path, sha256_file, signals_held
 from covidxray.manifest import check_model_matches, manifest_sha256, require_intact_shards, shard_paths
 from covidxray.run_folder import (
     CONVERTER_LOG,
@@ -142,20 +140,9 @@ def write_model_pair(out: Path, flatbuffer: bytes, sidecar: dict) -> None:
     after a kill -9 between them the pair stays mismatched, the sidecar's `.partial` beside it, and predict
     refuses it and says to export again.
     """
-    with _signals_held(), atomic_path(sidecar_path(out)) as card_tmp, atomic_path(out) as model_tmp:
+    with signals_held(), atomic_path(sidecar_path(out)) as card_tmp, atomic_path(out) as model_tmp:
         card_tmp.write_text(json.dumps(sidecar, indent=2))
         model_tmp.write_bytes(flatbuffer)
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Delay SIGINT and SIGTERM (delivered when the block ends) so that an interrupt cannot split a pair of renames."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def export(config: Config, say: Callable[[str], None] = print) -> dict:
