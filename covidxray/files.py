@@ -93,10 +93,22 @@ def json_sha256(content) -> str:
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """Delay SIGINT and SIGTERM until the block ends (then they are delivered), so that an interrupt cannot split
-    what must happen together: two renames that publish a pair of files, or a result and its line of output."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    """Delay SIGINT and SIGTERM until the block ends (then they act as usual), so that an interrupt cannot split
+    what must happen together: two renames that publish a pair of files, or a result and its line of output.
+
+    Python runs signal handlers in the main thread between bytecodes, so swapping the handlers for one that only
+    remembers the signal holds it whichever thread the kernel delivered it to (a signal mask would hold it only
+    for the calling thread, and TensorFlow, LiteRT and OpenCV run threads of their own). Main thread only.
+    """
+    held: list[int] = []
+    previous = {number: signal.signal(number, lambda received, _frame: held.append(received)) for number in HELD}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
+HELD = (signal.SIGINT, signal.SIGTERM)
