@@ -485,15 +485,18 @@ def test_n11b_ctrl_c_keeps_what_was_printed_and_says_what_is_left(exported_run, 
         text=True,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
-    if mode != "--json":  # streamed: interrupt once results are coming out
-        first = process.stdout.readline()
-        assert first.strip(), process.stderr.read()
-    else:  # one document at the end: interrupt once the model is surely loaded and some files are done
-        import time
+    try:
+        if mode != "--json":  # streamed: interrupt once results are coming out
+            first = process.stdout.readline()
+            assert first.strip(), process.stderr.read()
+        else:  # one document at the end: interrupt once the model is surely loaded and some files are done
+            import time
 
-        time.sleep(15)
-    process.send_signal(signal.SIGINT)
-    rest, stderr = process.communicate(timeout=120)
+            time.sleep(15)
+        process.send_signal(signal.SIGINT)
+        rest, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()  # a failed assertion must not leave predict running through 6,000 files
     out = (first if mode != "--json" else "") + rest
     assert process.returncode == 130, stderr[-2000:]
     message = one_line(stderr)
