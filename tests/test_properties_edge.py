@@ -163,8 +163,10 @@ def _assert_image_or_image_error(path: Path) -> None:
 def tiny_export(tmp_path_factory) -> tuple[bytes, dict]:
     """A real two-output .tflite (small_cnn at 16 px, as export converts it) and a complete, valid sidecar."""
     pytest.importorskip("tensorflow")
+    from covidxray.edge import orientation
     from covidxray.edge.chest_layout import SIDE, LayoutModel
     from covidxray.edge.ood import OodModel
+    from covidxray.edge.orientation import OrientationModel
     from covidxray.edge.preprocess import PREPROCESSING_VERSION
     from covidxray.export.tflite import convert, with_embedding, write_saved_model
     from covidxray.train.models import build_model
@@ -180,6 +182,7 @@ def tiny_export(tmp_path_factory) -> tuple[bytes, dict]:
         "temperature": {"value": 1.3},
         "ood": OodModel(np.zeros((3, dim)), np.eye(dim), 5.0).to_sidecar({}),
         "layout": LayoutModel(np.zeros(SIDE * SIDE), np.eye(SIDE * SIDE), 9.0).to_sidecar({}),
+        "orientation": OrientationModel(np.zeros((4, orientation.SIDE**2)), np.array([1.0, 0, 0, 0])).to_sidecar({}),
     }
     return flatbuffer, card
 
@@ -233,6 +236,9 @@ SIDECAR_PATHS = [
     ("layout", "version"),
     ("layout", "side"),
     ("layout", "mean"),
+    ("orientation",),
+    ("orientation", "coef"),
+    ("orientation", "version"),
     ("tflite_sha256",),
 ]
 
