@@ -51,7 +51,11 @@ def resolve(config_path: Path | None, sets: list[str] | None, **flags: Any) -> C
     return load_config(config_path, overrides)
 
 
-def run(action: Callable[[], Any]) -> Any:
+RESUMABLE = "finished work is kept; re-run the same command to resume"
+
+
+def run(action: Callable[[], Any], interrupted: str = RESUMABLE) -> Any:
+    """`action()`, with a user mistake or Ctrl-C turned into one message; `interrupted` says what an interrupt leaves."""
     try:
         return action()
     except UserError as err:
@@ -69,7 +73,7 @@ def run(action: Callable[[], Any]) -> Any:
         )
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: finished work is kept; re-run the same command to resume")
+        console.print(f"[yellow]interrupted[/]: {interrupted}")
         raise typer.Exit(130) from None
 
 
@@ -254,7 +258,7 @@ def evaluate(
 
         do_evaluate(cfg, say=console.print)
 
-    run(go)
+    run(go, "nothing was written (evaluation.json and the plots are written at the end); run evaluate again")
 
 
 @app.command()
@@ -317,7 +321,11 @@ def export_cmd(
 
         export(cfg, say=console.print)
 
-    run(go)
+    run(
+        go,
+        "each format's .tflite and sidecar are replaced together when it is done, so every model in the run folder "
+        "still has its own sidecar; run export again for the formats not done",
+    )
 
 
 @app.command()
@@ -330,17 +338,25 @@ def predict(
         None, "--format", help=f"With a run directory: {', '.join(FORMATS.names())} (default {DEFAULT_FORMAT})."
     ),
     threads: int = typer.Option(1, help="Interpreter threads."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON document (a list, one entry per file) on stdout."),
+    as_json: bool = typer.Option(
+        False, "--json", help="One JSON document (a list, one entry per file) on stdout, when all are done."
+    ),
+    as_jsonl: bool = typer.Option(
+        False, "--jsonl", help="JSON lines: one JSON object per file on stdout, each as soon as it is done."
+    ),
     explain: bool = typer.Option(
         False, "--explain", help="Write a Grad-CAM overlay per image (needs TensorFlow and the Keras model)."
     ),
     explain_dir: Path = typer.Option(Path("gradcam"), help="Where --explain writes <image stem>.gradcam.png."),
     keras_model: Path | None = typer.Option(
-        None, help="Keras model for --explain (default: the one named by the sidecar)."
+        None, help="Keras model for --explain (default: model.keras beside the .tflite; it must be the one exported)."
     ),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
 ):
     """Classify X-rays with the exported model (LiteRT interpreter; no TensorFlow needed)."""
-    from covidxray.edge.predict import predict_files
+    from covidxray.edge.image_header import limit_decoder_pixels
+    from covidxray.files import signals_held
     from covidxray.run_folder import resolve_model
 
     def gradcam_for():
@@ -355,25 +371,58 @@ def predict(
     def warn(message: str) -> None:
         console.print(f"[yellow]warning[/]: {escape(message)}", soft_wrap=True, highlight=False)
 
-    results = run(
-        lambda: predict_files(files, resolve_model(model, fmt), threads, gradcam_for() if explain else None, warn)
-    )
-    for item in results:
-        if "error" in item:
-            console.print(f"[red]{escape(item['file'])}: {escape(item['error'])}[/]", soft_wrap=True, highlight=False)
-        elif "rejected" in item:
-            if not as_json:
-                print(
-                    f"{item['file']}: rejected: {item['rejected']} ({item['reason']}, score {item['score']:.3g}, limit {item['limit']:.3g})"
-                )
-        elif not as_json:
-            probs = "  ".join(f"{k} {v:.3f}" for k, v in item["probabilities"].items())
-            heat = f"  grad-cam {item['gradcam']}" if "gradcam" in item else ""
-            print(f"{item['file']}: {item['label']}  ({probs}){heat}")
+    def load():
+        if as_json and as_jsonl:
+            raise UserError("--json and --jsonl: choose one")
+        max_pixels = resolve(config, sets).data.max_pixels
+        limit_decoder_pixels(max_pixels)  # OpenCV's own limit, read once when cv2 is imported (next line)
+        from covidxray.edge.predict import Predictor, expand_inputs
+
+        explainer = gradcam_for() if explain else None
+        predictor = Predictor(resolve_model(model, fmt), threads, explainer, warn, max_pixels)
+        return predictor, expand_inputs(files)
+
+    predictor, inputs = run(load)
+    results: list[dict] = []
+    try:
+        for item in inputs:
+            result = predictor(item)
+            with signals_held():  # a result counts as done once its line is out, whole
+                show_result(result, "jsonl" if as_jsonl else "json" if as_json else "text")
+                results.append(result)
+    except KeyboardInterrupt:
+        if as_json:
+            print(json.dumps(results, indent=2))  # still one valid document, of the files done
+        left = inputs[len(results)]
+        console.print(
+            f"[yellow]interrupted[/]: {len(results)} of {len(inputs)} file(s) done (their results are above); "
+            f"{len(inputs) - len(results)} not classified, from {escape(str(getattr(left, 'path', left)))} on: "
+            "run predict again on those",
+            soft_wrap=True,
+            highlight=False,
+        )
+        raise typer.Exit(130) from None
     if as_json:
         print(json.dumps(results, indent=2))
     if any("error" in item or "rejected" in item for item in results):
         raise typer.Exit(1)
+
+
+def show_result(item: dict, mode: str) -> None:
+    """One result as soon as it is done: errors on stderr; results and refusals on stdout (text or a JSON line)."""
+    if "error" in item:
+        console.print(f"[red]{escape(item['file'])}: {escape(item['error'])}[/]", soft_wrap=True, highlight=False)
+    if mode == "jsonl":
+        print(json.dumps(item), flush=True)
+    elif mode == "text" and "rejected" in item:
+        print(
+            f"{item['file']}: rejected: {item['rejected']} ({item['reason']}, score {item['score']:.3g}, limit {item['limit']:.3g})",
+            flush=True,
+        )
+    elif mode == "text" and "label" in item:
+        probs = "  ".join(f"{k} {v:.3f}" for k, v in item["probabilities"].items())
+        heat = f"  grad-cam {item['gradcam']}" if "gradcam" in item else ""
+        print(f"{item['file']}: {item['label']}  ({probs}){heat}", flush=True)
 
 
 @app.command()

@@ -9,8 +9,9 @@ never a mix, and a leftover `.partial` is always safe to delete.
 must appear together with a commit point between (prepare's tables, written
 before its manifest switches, moved into place after it). `sha256_file` is
 the one hash of a file's bytes (shards, downloads, the manifest, model files,
-the decode cache key). `output_folder` creates a folder the user named for
-output, or says in one line why it cannot be one.
+the decode cache key); `json_sha256` the one hash of a JSON document's content
+(the manifest's seal, a sidecar bound to its model). `output_folder` creates a
+folder the user named for output, or says in one line why it cannot be one.
 
 Imports only the standard library and covidxray.errors.
 """
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -124,3 +127,31 @@ def output_folder(path: str | Path, option: str) -> Path:
             f"{option} {path}: no permission to write into it; choose a folder you can write to, or change its permissions"
         )
     return path
+
+
+def json_sha256(content) -> str:
+    """sha256 of sorted compact ASCII JSON: independent of formatting and key order."""
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Delay SIGINT and SIGTERM until the block ends (then they act as usual), so that an interrupt cannot split
+    what must happen together: two renames that publish a pair of files, or a result and its line of output.
+
+    Python runs signal handlers in the main thread between bytecodes, so swapping the handlers for one that only
+    remembers the signal holds it whichever thread the kernel delivered it to (a signal mask would hold it only
+    for the calling thread, and TensorFlow, LiteRT and OpenCV run threads of their own). Main thread only.
+    """
+    held: list[int] = []
+    previous = {number: signal.signal(number, lambda received, _frame: held.append(received)) for number in HELD}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
+HELD = (signal.SIGINT, signal.SIGTERM)

@@ -18,19 +18,18 @@ the old manifest and every shard it lists untouched.
 The manifest carries the sha256 of its own canonical content (every other key,
 as sorted compact JSON), so an edit (other or reordered labels, a changed
 shard list) is refused by everything that loads it, and `doctor` flags it.
-Each shard's sha256 is in the manifest too: `verify_shards` checks files
-against it before training.
+Each shard's sha256 is in the manifest too: `shard_problems` checks files
+against it before training, `require_intact_shards` before export and evaluate.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
 
 from covidxray.errors import UserError
-from covidxray.files import atomic_write, sha256_file
+from covidxray.files import atomic_write, json_sha256, sha256_file
 
 MANIFEST = "manifest.json"
 SHARD_DIR = "shards"
@@ -46,20 +45,15 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _RERUN = "re-run `covidxray prepare` with the same config and --data-dir (decodes are cached and intact shards reused, so it is quick)"
 
 
-def _json_sha256(content: dict) -> str:
-    """sha256 of sorted compact ASCII JSON: independent of formatting and key order."""
-    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def canonical_sha256(manifest: dict) -> str:
     """sha256 over every key but the checksum itself."""
-    return _json_sha256({k: v for k, v in manifest.items() if k != CHECKSUM})
+    return json_sha256({k: v for k, v in manifest.items() if k != CHECKSUM})
 
 
 def content_sha256(manifest: dict) -> str:
     """sha256 of what training reads (task, labels, image size, preprocessing, every shard's sha256), not of
     run details such as the time prepare took: a re-prepare of the same data keeps it."""
-    return _json_sha256({k: manifest.get(k) for k in ("task", "labels", "image_size", "preprocessing", "shards")})
+    return json_sha256({k: manifest.get(k) for k in ("task", "labels", "image_size", "preprocessing", "shards")})
 
 
 def seal(manifest: dict) -> dict:
@@ -203,3 +197,15 @@ def describe_shard_problems(data_dir: str | Path, problems: dict[str, list[str]]
         f"shards in {Path(data_dir) / SHARD_DIR} {'; '.join(parts)}. Re-run `covidxray prepare` with the same config to "
         "repair them (intact shards are kept), or copy them again from the machine that prepared them"
     )
+
+
+def require_intact_shards(data_dir: str | Path, manifest: dict, splits: tuple[str, ...]) -> None:
+    """UserError naming every shard of `splits` that is missing or whose sha256 differs from the manifest's.
+
+    For the commands that read a whole split (export, evaluate); `train` checks each rank's own shards
+    with the same `shard_problems`.
+    """
+    files = [shard["file"] for shard in manifest["shards"] if shard["split"] in splits and shard["records"]]
+    problems = shard_problems(data_dir, manifest, files)
+    if problems["missing"] or problems["sha256_mismatch"]:
+        raise UserError(describe_shard_problems(data_dir, problems))

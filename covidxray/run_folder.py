@@ -78,3 +78,19 @@ def read_latest(run_dir: Path) -> dict | None:
             "--resume (the checkpoint folders beside it are not trusted without it)"
         )
     return saved
+
+
+def read_model_card(run_dir: Path) -> dict:
+    """MODEL_CARD of a trained run (beside MODEL_FILE); UserError when the run has none or it is damaged."""
+    run_dir = Path(run_dir)
+    model_path, card_path = run_dir / MODEL_FILE, run_dir / MODEL_CARD
+    if not model_path.is_file() or not card_path.is_file():
+        raise UserError(f"no trained model in {run_dir} ({MODEL_FILE}, {MODEL_CARD}): run `covidxray train` first")
+    try:
+        card = json.loads(card_path.read_bytes())
+    except (ValueError, OSError) as err:
+        card = f"{type(err).__name__}: {err}"
+    if not isinstance(card, dict) or not isinstance(card.get("labels"), list) or "image_size" not in card:
+        detail = card if isinstance(card, str) else "no labels and image_size"
+        raise UserError(f"{card_path} is damaged ({detail}): train again into {run_dir}, or restore the file")
+    return card

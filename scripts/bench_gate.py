@@ -3,7 +3,8 @@
 Every image goes through `covidxray.edge.predict.predict_path`, exactly what
 `covidxray predict` runs: decoding (which already refuses colour photos and
 DICOM whose Modality is not a radiograph), the cheap checks of
-covidxray/edge/radiograph_gate.py, the exported model's out-of-distribution
+covidxray/edge/radiograph_gate.py, the orientation check
+(covidxray/edge/orientation.py), the exported model's out-of-distribution
 score, then the chest-layout score (covidxray/edge/chest_layout.py), each
 against the threshold in the sidecar. An image counts as rejected when it
 gets no class, whichever step refused it; the tables say which step did.
@@ -20,7 +21,8 @@ refuse those.
 The model: --run-dir, an exported run (the figures in docs/deploy.md come from
 small_cnn trained on the real three-class collection; the command is there).
 Without it (--quick), a phantom model is trained here and the figures mean
-nothing. Goals (issue 14): 0% false rejections, >= 99% of non-radiographs rejected.
+nothing. Goals (issues 14, 25): 0% false rejections, >= 99% of non-radiographs rejected, and no odd film (real
+films inverted or upside down, scripts/gate_corpus.py) given another class than the upright film.
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ from pathlib import Path
 import _bench
 import gate_corpus
 
-from covidxray.edge.predict import LAYOUT_REASON, OOD_REASON
+from covidxray.edge.orientation import ORIENTATIONS
+from covidxray.edge.predict import LAYOUT_REASON, OOD_REASON, predict_path
 
-REJECTED_BY = ("decoder", "cheap checks", "ood score", "chest layout")
+REJECTED_BY = ("decoder", "cheap checks", "orientation", "ood score", "chest layout")
+ORIENTATION_REASONS = set(ORIENTATIONS[1:])
+ODD_COLLECTIONS = ("chest-xray-pneumonia-224", "covid19-talo-nih-half-512", "covid-chestxray-aug2020-768")
 REACHED_THE_MODEL = ("classified", "ood score", "chest layout")
 
 
@@ -42,6 +47,8 @@ def outcome(result: dict) -> str:
     if "label" in result:
         return "classified"
     if "rejected" in result:
+        if result["reason"] in ORIENTATION_REASONS:
+            return "orientation"
         return {OOD_REASON: "ood score", LAYOUT_REASON: "chest layout"}.get(result["reason"], "cheap checks")
     return "unreadable" if result["reason"] in ("unreadable", "unsupported") else "decoder"
 
@@ -93,6 +100,35 @@ def margin_sensitivity(
     return rows
 
 
+def odd_film_outcomes(pairs, classifier) -> tuple[list[list], list[dict]]:
+    """Per kind of odd film: how many were refused, given the upright film's class, or given another class.
+
+    Returns the table rows and every odd film that got another class than its upright film.
+    """
+    counts: dict[tuple, Counter] = defaultdict(Counter)
+    wrong = []
+    for film, odd, view in pairs:
+        upright, result = predict_path(film, classifier), predict_path(odd, classifier)
+        collection = next(
+            (part for part in film.parts if part in ODD_COLLECTIONS), "stored odd (gate_corpus.KNOWN_ODD)"
+        )
+        if "label" not in result:
+            seen = "refused"
+        elif result["label"] == upright.get("label"):
+            seen = "same class"
+        else:
+            seen = "other class"
+            wrong.append(
+                {"file": str(odd), "view": view, "upright": upright.get("label", upright.get("reason")), **result}
+            )
+        counts[(view, collection)][seen] += 1
+    rows = [
+        [view, collection, sum(c.values()), c["refused"], c["same class"], c["other class"]]
+        for (view, collection), c in sorted(counts.items())
+    ]
+    return rows, wrong
+
+
 def build_run(args) -> Path:
     run_dir = args.workdir / "gate-run"
     if (run_dir / f"model-{args.format}.tflite").is_file():
@@ -124,7 +160,6 @@ def main() -> None:
     bench.parser.add_argument("--every", type=int, default=1, help="use every n-th real radiograph (default: all)")
     args = bench.parse({"every": 60})
     from covidxray.edge.litert import TFLiteClassifier
-    from covidxray.edge.predict import predict_path
 
     run_dir = args.run_dir or build_run(args)
     classifier = TFLiteClassifier(run_dir / f"model-{args.format}.tflite")
@@ -192,6 +227,14 @@ def main() -> None:
     total_others = sum(sum(v.values()) for (kind, _, _), v in counts.items() if kind == "other")
     rejection = 1 - len(passed_others) / total_others
     pixel_others = [v for (kind, _, form), v in counts.items() if kind == "other" and form == "pixels"]
+    odd_rows, odd_wrong = odd_film_outcomes(
+        gate_corpus.odd_films(args.shared, args.workdir / "gate-corpus"), classifier
+    )
+    bench.table(
+        "odd films: real films shown inverted or upside down (each must be refused or get the upright film's class)",
+        ["view", "collection", "films", "refused", "same class", "other class"],
+        odd_rows,
+    )
     margins = margin_sensitivity(
         classifier.card, scores, refused_before, Counter(radiograph=judged_radiographs, other=total_others)
     )
@@ -216,6 +259,7 @@ def main() -> None:
         "image_size": classifier.image_size,
         "ood": {k: v for k, v in (classifier.card.get("ood") or {}).items() if k not in ("means", "precision")},
         "layout": {k: v for k, v in (classifier.card.get("layout") or {}).items() if k not in ("mean", "precision")},
+        "orientation": {k: v for k, v in classifier.card["orientation"].items() if k not in ("coef", "intercept")},
         "radiographs_judged": judged_radiographs,
         "false_rejection_rate": false_rejection,
         "refused_radiographs": refused_radiographs,
@@ -231,6 +275,7 @@ def main() -> None:
         "pixels_only_rejection_rate": 1
         - sum(v["classified"] for v in pixel_others) / max(1, sum(sum(v.values()) for v in pixel_others)),
         "by_category": table,
+        "odd_films": {"table": odd_rows, "other_class": odd_wrong},
     }
     bench.at_most(
         "false rejections of real radiographs",
@@ -244,6 +289,12 @@ def main() -> None:
         0.99,
         f"{total_others - len(passed_others)} of {total_others}; classified: "
         + ", ".join(Path(p).name for p in passed_others[:8]),
+    )
+    bench.at_most(
+        "odd films given another class than the upright film",
+        len(odd_wrong),
+        0,
+        ", ".join(f"{Path(w['file']).name} {w['label']} (upright: {w['upright']})" for w in odd_wrong[:6]),
     )
     bench.finish(args, results)
 

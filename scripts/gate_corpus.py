@@ -1,12 +1,26 @@
 """The two image sets scripts/bench_gate.py measures the radiograph gate on.
 
 Radiographs: every real radiograph in the shared sample data (`../shared/data`,
-see its README), plus pydicom-data's RG1 chest CR when that package is
-installed. Non-radiographs, each tagged with a category:
+see its README: the Kaggle set at 224 px and its originals, the talo sample and
+its NIH films at 512 px, the ieee8023 sample and the whole Aug-2020 snapshot at
+768 px, the DICOM CR/DX files), plus pydicom-data's RG1 chest CR when that
+package is installed.
+
+Odd films (`odd_films`): real films of three collections (Kaggle 224 px, NIH
+512 px, ieee8023 768 px) shown inverted, upside down, or both, as a viewer or
+a DICOM export with a wrong MONOCHROME tag or a scanner fed the wrong way
+round gives them: each must be turned back or refused, never given another
+diagnosis than the film itself.
+
+Non-radiographs, each tagged with a category:
 
 - photo: scikit-image's bundled sample images (no download: the files ship in
   the wheel), colour as they are and as gray PNGs (a gray photo gets past the
-  colour check), and the 200 bundled LFW faces;
+  colour check), and the 200 bundled LFW faces; scikit-learn's `china` photo;
+  each gray photo also as a centre crop, turned 90 degrees, and mirrored and
+  blurred (the round-3 reliability report's photo set);
+- screenshot: real films shown in a dark viewer window with overlay text (the
+  report's PACS screenshot), and one on a light page;
 - document: pages and screenshots of text rendered with OpenCV (dark on light,
   light on dark, several sizes and aspect ratios) and scikit-image's scanned page;
 - blank: constant, near-constant and smooth-gradient images;
@@ -25,6 +39,7 @@ gate itself can refuse.
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,8 +60,8 @@ def _images_under(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.suffix.lower() in RASTER and not p.name.startswith("."))
 
 
-def _ieee8023_rows(shared: Path) -> list[dict]:
-    root = shared / "covid-chestxray-sample" / "covid-chestxray-dataset"
+def _ieee8023_rows(shared: Path, collection: str = "covid-chestxray-sample") -> list[dict]:
+    root = shared / collection / "covid-chestxray-dataset"
     with open(root / "metadata.csv", newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     return [
@@ -71,20 +86,34 @@ def _pydicom_test_file(name: str) -> Path:
     return Path(get_testdata_file(name, download=False))
 
 
+# Films of the shared data that are themselves stored odd, found by the orientation check and confirmed by eye: they
+# count with the odd films (the upright film being the file turned back), not as radiographs the gate must pass.
+KNOWN_ODD = {
+    "CR-fake-MONO1-retagged-MONO2-pixels.dcm": "inverted",  # MONOCHROME2 pixels tagged MONOCHROME1 (its README)
+    "00003490_011.png": "upside-down",  # an NIH film stored turned 180 degrees (diaphragm at the top)
+}
+
+
 def radiographs(shared: Path) -> list[Item]:
     items = [Item("chest-xray-pneumonia-224", p) for p in _images_under(shared / "chest-xray-pneumonia-224")]
     items += [
         Item("chest-xray-pneumonia-originals", p) for p in _images_under(shared / "chest-xray-pneumonia-originals")
     ]
     items += [Item("covid19-talo-sample", p) for p in _images_under(shared / "covid19-talo-sample")]
+    items += [Item("covid19-talo-nih-512", p) for p in _images_under(shared / "covid19-talo-nih-half-512")]
     items += [
         Item("ieee8023 (all X-ray views)", row["path"]) for row in _ieee8023_rows(shared) if row["modality"] == "X-ray"
+    ]
+    items += [
+        Item("ieee8023-768 (all X-ray views)", row["path"])
+        for row in _ieee8023_rows(shared, "covid-chestxray-aug2020-768")
+        if row["modality"] == "X-ray"
     ]
     items += [Item("dicom (CR/DX)", p) for p in sorted((shared / "dicom").iterdir()) if not p.name.startswith("CT")]
     rg1 = _pydicom_data_file("RG1_UNCI.dcm")
     if rg1:
         items.append(Item("dicom (CR/DX)", rg1))
-    return items
+    return [item for item in items if item.path.name not in KNOWN_ODD]
 
 
 # --- non-radiographs -------------------------------------------------------------------------------------
@@ -97,12 +126,24 @@ def _write(path: Path, image: np.ndarray) -> Path:
     return path
 
 
+def photo_variants(gray: np.ndarray) -> dict[str, np.ndarray]:
+    """A gray photo as the round-3 report varied it: a centre crop, turned 90 degrees, mirrored and blurred."""
+    height, width = gray.shape
+    return {
+        "crop": gray[height // 4 : height - height // 4, width // 4 : width - width // 4],
+        "rot90": np.ascontiguousarray(np.rot90(gray)),
+        "mirror-blur": cv2.GaussianBlur(gray[:, ::-1], (0, 0), 1.5),
+    }
+
+
 def _photos(out: Path) -> list[Item]:
     import skimage
+    import sklearn.datasets
 
     bundled = Path(skimage.__file__).parent / "data"
+    china = Path(sklearn.datasets.__file__).parent / "images" / "china.jpg"
     items = []
-    for path in sorted(bundled.glob("*")):
+    for path in [*sorted(bundled.glob("*")), china]:
         if path.suffix.lower() not in (".png", ".jpg") or path.stem in (
             "page",
             "text",
@@ -115,13 +156,93 @@ def _photos(out: Path) -> list[Item]:
         if image is None:
             continue
         items.append(Item("photo", path))
+        gray = cv2.cvtColor(image[:, :, :3], cv2.COLOR_BGR2GRAY) if image.ndim == 3 else image
         if image.ndim == 3:
-            gray = cv2.cvtColor(image[:, :, :3], cv2.COLOR_BGR2GRAY)
             items.append(Item("photo", _write(out / "photo-gray" / f"{path.stem}.png", gray), "pixels"))
+        if image.dtype == np.uint8 and min(gray.shape) >= 128:
+            for name, variant in photo_variants(gray).items():
+                items.append(
+                    Item("photo", _write(out / "photo-variants" / f"{path.stem}-{name}.png", variant), "pixels")
+                )
     faces = np.load(bundled / "lfw_subset.npy")  # 200 gray 25 x 25 faces, float 0..1
     for i, face in enumerate(faces):
         items.append(Item("photo", _write(out / "faces" / f"face{i:03d}.png", np.round(face * 255).astype(np.uint8))))
     return items
+
+
+def viewer_screenshot(film: np.ndarray, width: int, height: int, background: int, ink: int, seed: int) -> np.ndarray:
+    """`film` fitted into a viewer window of width x height on a flat background, with overlay text in the corners
+    (patient, study, window/level, zoom) as a PACS screenshot shows it."""
+    rng = np.random.default_rng(seed)
+    screen = np.full((height, width), background, np.uint8)
+    scale = min(height * 0.92 / film.shape[0], width * 0.7 / film.shape[1])
+    shown = cv2.resize(film, (round(film.shape[1] * scale), round(film.shape[0] * scale)), interpolation=cv2.INTER_AREA)
+    top, left = (height - shown.shape[0]) // 2, (width - shown.shape[1]) // 2
+    screen[top : top + shown.shape[0], left : left + shown.shape[1]] = shown
+    lines = [
+        f"PATIENT^NAME {rng.integers(10**6, 10**7)}",
+        f"DOB 19{rng.integers(30, 99)}-0{rng.integers(1, 9)}-1{rng.integers(0, 9)}  M",
+        "CR CHEST PA  Series 1 Img 1",
+        f"W:{rng.integers(2000, 4000)} L:{rng.integers(1000, 2000)}",
+        f"Zoom {scale:.2f}  Se:1 Im:1",
+        "2020-03-14 09:41:07",
+    ]
+    for i, line in enumerate(lines):
+        x = 12 if i % 2 == 0 else width - 12 - 11 * len(line)
+        y = 28 + 26 * (i // 2) if i < 4 else height - 20 - 26 * (i - 4)
+        cv2.putText(screen, line, (max(0, x), y), cv2.FONT_HERSHEY_SIMPLEX, 0.6, ink, 1, cv2.LINE_AA)
+    return screen
+
+
+def _screenshots(shared: Path, out: Path) -> list[Item]:
+    films = [
+        shared / "covid19-talo-sample" / "X-Ray Image DataSet" / "No_findings" / name
+        for name in sorted(os.listdir(shared / "covid19-talo-sample" / "X-Ray Image DataSet" / "No_findings"))[:3]
+    ] + _odd_film_sources(shared)[::4]
+    windows = [(1920, 1080, 20, 220), (1280, 1024, 0, 255), (1600, 900, 45, 200), (1920, 1080, 235, 10)]
+    items = []
+    for i, film in enumerate(films):
+        width, height, background, ink = windows[i % len(windows)]
+        shot = viewer_screenshot(cv2.imread(str(film), cv2.IMREAD_GRAYSCALE), width, height, background, ink, seed=i)
+        items.append(Item("screenshot", _write(out / "screenshots" / f"{film.stem}-viewer{i}.png", shot)))
+    return items
+
+
+def _odd_film_sources(shared: Path) -> list[Path]:
+    kaggle = sorted((shared / "chest-xray-pneumonia-224" / "chest_xray" / "test").rglob("*.jpeg"))[::78]
+    nih = sorted((shared / "covid19-talo-nih-half-512").rglob("*.png"))[::87]
+    ieee = [
+        row["path"]
+        for row in _ieee8023_rows(shared, "covid-chestxray-aug2020-768")
+        if row["modality"] == "X-ray" and row["view"] in ("PA", "AP")
+    ][::60]
+    return kaggle + nih + ieee
+
+
+ODD_VIEWS = {
+    "inverted": lambda gray: 255 - gray,
+    "upside-down": lambda gray: np.ascontiguousarray(gray[::-1, ::-1]),
+    "inverted-upside-down": lambda gray: np.ascontiguousarray(255 - gray[::-1, ::-1]),
+}
+
+
+def odd_films(shared: Path, out: Path) -> list[tuple[Path, Path, str]]:
+    """(the upright film, the odd copy, how it is odd) for every film of `_odd_film_sources` and every ODD_VIEWS
+    entry, and for the KNOWN_ODD files of the shared data (the upright film: the file turned back)."""
+    from covidxray.edge.preprocess import load_gray
+
+    pairs = []
+    for film in _odd_film_sources(shared):
+        gray = cv2.imread(str(film), cv2.IMREAD_GRAYSCALE)
+        for view, change in ODD_VIEWS.items():
+            pairs.append((film, _write(out / "odd-films" / f"{film.stem}-{view}.png", change(gray)), view))
+    for path in [*sorted((shared / "dicom").iterdir()), *_images_under(shared / "covid19-talo-nih-half-512")]:
+        if path.name in KNOWN_ODD:
+            upright = ODD_VIEWS[KNOWN_ODD[path.name]](load_gray(path))  # each view is its own inverse
+            pairs.append(
+                (_write(out / "odd-films" / f"{path.stem}-turned-back.png", upright), path, KNOWN_ODD[path.name])
+            )
+    return pairs
 
 
 def _text_lines(count: int, seed: int) -> list[str]:
@@ -260,4 +381,4 @@ def _scans(shared: Path, out: Path) -> list[Item]:
 
 
 def non_radiographs(shared: Path, out: Path) -> list[Item]:
-    return _photos(out) + _documents(out) + _blank_and_noise(out) + _scans(shared, out)
+    return _photos(out) + _screenshots(shared, out) + _documents(out) + _blank_and_noise(out) + _scans(shared, out)

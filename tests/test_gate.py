@@ -80,8 +80,11 @@ def real_radiographs(shared) -> list:
 
     with open(ieee / "metadata.csv", newline="") as handle:
         xrays = [ieee / "images" / row["filename"] for row in csv.DictReader(handle) if row["modality"] == "X-ray"]
-    dicom = [p for p in sorted((shared / "dicom").iterdir()) if not p.name.startswith("CT")]
+    dicom = [p for p in sorted((shared / "dicom").iterdir()) if not p.name.startswith(("CT", INVERTED_FILM[:12]))]
     return kaggle + others + [p for p in xrays if p.is_file()] + dicom
+
+
+INVERTED_FILM = "CR-fake-MONO1-retagged-MONO2-pixels.dcm"  # MONOCHROME2 pixels tagged MONOCHROME1: shows as a negative
 
 
 def test_real_radiographs_all_pass(shared_data):
@@ -245,31 +248,101 @@ def test_real_films_the_layout_fit_never_saw_pass_it(layout_of_real_films, share
         if score > layout_of_real_films.threshold:
             refused.append((path.name, score))
     assert scored > 250 and refused == [], (layout_of_real_films.threshold, refused)
-    assert any(p.name == "CR-fake-MONO1-retagged-MONO2-pixels.dcm" for p in held_out)
 
 
-def test_an_inverted_film_is_still_a_chest_layout(layout_of_real_films, shared_data):
-    for path in kaggle_films(shared_data, "test")[::60]:
-        negative = 255 - model_input(path)
-        assert layout_of_real_films.score(negative) <= layout_of_real_films.threshold, path.name
+@pytest.fixture(scope="module")
+def orientation_of_real_films():
+    """Fitted as export fits it, on every 6th film of the Kaggle train folder (as the layout above)."""
+    from conftest import SHARED_DATA
+
+    from covidxray.edge import orientation
+
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data not present")
+    films = kaggle_films(SHARED_DATA, "train")
+    entry = orientation.fit_entry(map(model_input, films[::6]), map(model_input, films[3::60]))
+    return orientation.OrientationModel.from_sidecar(json.loads(json.dumps(entry)))
+
+
+def odd_views(image: np.ndarray) -> dict[str, np.ndarray]:
+    return {"inverted": 255 - image, "upside-down": image[::-1, ::-1], "inverted-upside-down": 255 - image[::-1, ::-1]}
+
+
+def test_n3_inverted_and_upside_down_films_are_refused_and_upright_ones_are_not(orientation_of_real_films, shared_data):
+    """The round-3 report's N3 films (NIH normal 0.74 -> inverted pneumonia 0.90; Kaggle normal 0.90 ->
+    upside-down pneumonia 0.83), here for films of three collections the fit never saw: the Kaggle test
+    folder (224 px), the NIH films of the talo sample (1024 px) and the ieee8023 sample's PA films."""
+    import csv
+
+    ieee = shared_data / "covid-chestxray-sample" / "covid-chestxray-dataset"
+    with open(ieee / "metadata.csv", newline="") as handle:
+        pa = [
+            ieee / "images" / r["filename"]
+            for r in csv.DictReader(handle)
+            if r["view"] == "PA" and r["modality"] == "X-ray"
+        ]
+    films = (
+        kaggle_films(shared_data, "test")[::40]
+        + sorted((shared_data / "covid19-talo-sample" / "X-Ray Image DataSet").glob("[NP]*/*.png"))
+        + [p for p in pa if p.is_file()]
+    )
+    turned = []
+    for path in films:
+        image = model_input(path)
+        assert orientation_of_real_films.orientation(image)[0] == "upright", path.name
+        for view, odd in odd_views(image).items():
+            found = orientation_of_real_films.orientation(odd)[0]
+            turned.append(found == view)
+    assert len(films) > 30 and np.mean(turned) >= 0.97, np.mean(turned)
+
+
+def test_a_film_stored_inverted_is_refused_as_inverted(orientation_of_real_films, shared_data):
+    """The shared data's MONOCHROME2 pixels tagged MONOCHROME1: decoded as the tag says, it is a negative."""
+    image = model_input(shared_data / "dicom" / INVERTED_FILM)
+    assert orientation_of_real_films.orientation(image)[0] == "inverted"
+    assert orientation_of_real_films.orientation(255 - image)[0] == "upright"
 
 
 @pytest.mark.parametrize(
-    "name", ["camera.png", "moon.png", "cell.png", "clock_motion.png", "chelsea.png", "coffee.png", "astronaut.png"]
+    "name",
+    ["camera.png", "moon.png", "cell.png", "clock_motion.png", "chelsea.png", "coffee.png", "astronaut.png", "china"],
 )
-def test_real_gray_photos_are_not_a_chest_layout(layout_of_real_films, name):
-    """scikit-image's bundled photos, as gray (colour ones converted): all pass the cheap checks, and the
-    embedding of a small CNN does not separate most of them from films (docs/deploy.md)."""
-    skimage = pytest.importorskip("skimage")
+def test_real_gray_photos_are_no_upright_chest_film(layout_of_real_films, orientation_of_real_films, name):
+    """scikit-image's bundled photos and scikit-learn's `china` (the round-3 report's N1 escapes), as gray and
+    as the report varied them: all pass the cheap checks, and the embedding of a small CNN does not separate
+    most of them from films (docs/deploy.md). Each is refused by the chest-layout score or the orientation
+    check: it is no upright chest film."""
+    pytest.importorskip("skimage")
+    import sys
     from pathlib import Path
 
-    photo = cv2.imread(str(Path(skimage.__file__).parent / "data" / name), cv2.IMREAD_UNCHANGED)
-    gray = cv2.cvtColor(photo[:, :, :3], cv2.COLOR_BGR2GRAY) if photo.ndim == 3 else photo
-    assert radiograph_gate.check(gray).passed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from gate_corpus import photo_variants
+
     from covidxray.edge.preprocess import as_model_input
 
-    score = layout_of_real_films.score(as_model_input(gray, 128))
-    assert score > layout_of_real_films.threshold, (name, score, layout_of_real_films.threshold)
+    if name == "china":
+        import sklearn.datasets
+
+        path = Path(sklearn.datasets.__file__).parent / "images" / "china.jpg"
+    else:
+        import skimage
+
+        path = Path(skimage.__file__).parent / "data" / name
+    photo = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    gray = cv2.cvtColor(photo[:, :, :3], cv2.COLOR_BGR2GRAY) if photo.ndim == 3 else photo
+    passed = []
+    for variant, image in {"as is": gray, **photo_variants(gray)}.items():
+        model = as_model_input(image, 128)
+        layout, orientation = layout_of_real_films.score(model), orientation_of_real_films.orientation(model)[0]
+        if (
+            radiograph_gate.check(image).passed
+            and layout <= layout_of_real_films.threshold
+            and orientation == "upright"
+        ):
+            passed.append(variant)
+    # Known escapes left (docs/deploy.md): crops and blurred mirrors of `camera`, where the OOD score must do it.
+    assert "as is" not in passed and len(passed) <= 2, (name, passed)
 
 
 def test_the_layout_entry_survives_the_sidecar_json(layout_of_real_films, shared_data):
@@ -282,3 +355,20 @@ def test_the_layout_entry_survives_the_sidecar_json(layout_of_real_films, shared
     assert again.threshold == layout_of_real_films.threshold
     with pytest.raises(chest_layout.OtherVersion):
         chest_layout.LayoutModel.from_sidecar({**card, "version": chest_layout.VERSION + 1})
+
+
+def test_n1_a_film_shown_in_a_viewer_window_is_refused_as_framed(shared_data):
+    """The round-3 report's PACS screenshot: talo's 00001280_004.png centred in a dark viewer with overlay text
+    (pneumonia 0.94 there, where the film alone got normal 0.48). Refused by the cheap checks as `framed`,
+    in a 16:9 and a 16:10 window, dark or light; the film itself passes."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from gate_corpus import viewer_screenshot
+
+    film = load_gray(shared_data / "covid19-talo-sample" / "X-Ray Image DataSet" / "No_findings" / "00001280_004.png")
+    assert radiograph_gate.check(film).passed
+    for i, (width, height, background, ink) in enumerate([(1920, 1080, 20, 220), (1680, 1050, 235, 10)]):
+        result = radiograph_gate.check(viewer_screenshot(film, width, height, background, ink, seed=i))
+        assert result.reason == "framed" and result.score > result.limit, result

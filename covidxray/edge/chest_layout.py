@@ -13,9 +13,11 @@ Ledoit-Wolf shrunk covariance, is the score.
 The fit sees each train film as it is plus REFRAMINGS seeded re-framings
 (zoom 0.85-1.1, shift, rotation up to 8 degrees, mirrored half the time,
 border replicated, black or white): films from other hospitals are cropped
-tighter or looser than the training set's, and those must pass. A film
-printed inverted (MONOCHROME1 shown as MONOCHROME2) is still a film: the
-score is the smaller of the image's and its negative's.
+tighter or looser than the training set's, and those must pass. The score is
+that of the image as it is: an inverted or upside-down film is refused before
+this check, by covidxray/edge/orientation.py (version 1 took the smaller of
+the image's and its negative's score, and so passed inverted films, which the
+model then classified at random).
 
 The threshold, as for the OOD score: the largest score over the val split
 times `export.layout_margin`. predict checks it after the OOD score, numpy
@@ -31,11 +33,11 @@ import cv2
 import numpy as np
 
 from covidxray.edge.ood import threshold_on_val
-from covidxray.edge.sidecar_arrays import pack, unpack
+from covidxray.edge.sidecar_arrays import pack, threshold, unpack
 
 # Bump when SIDE, the standardisation or the score changes: a predictor refuses a sidecar of another version.
-VERSION = 1
-METHOD = "Mahalanobis distance of the standardised 12 px model input to the train films (Ledoit-Wolf), or its inverse"
+VERSION = 2
+METHOD = "Mahalanobis distance of the standardised 12 px model input to the train films (Ledoit-Wolf)"
 SIDE = 12  # pixels across: the layout and nothing finer
 REFRAMINGS = 4  # re-framed copies of each train film in the fit
 SEED = 0
@@ -70,9 +72,8 @@ class LayoutModel:
         return np.sqrt(np.maximum(np.einsum("nd,de,ne->n", centred, self.precision, centred), 0.0))
 
     def scores(self, images: Iterable[np.ndarray]) -> np.ndarray:
-        """One score per model input: the smaller distance of the image and of its inverse (a negative film)."""
-        vectors = layout_vectors(images)
-        return np.minimum(self._distances(vectors), self._distances(-vectors))
+        """One score per model input: its distance from the train films."""
+        return self._distances(layout_vectors(images))
 
     def score(self, image: np.ndarray) -> float:
         return float(self.scores([image])[0])
@@ -96,7 +97,7 @@ class LayoutModel:
                 f"version {entry['version']!r} at {entry['side']!r} px, this predictor computes version {VERSION} at {SIDE} px"
             )
         dim = SIDE * SIDE
-        return cls(unpack(entry["mean"], (dim,)), unpack(entry["precision"], (dim, dim)), float(entry["threshold"]))
+        return cls(unpack(entry["mean"], (dim,)), unpack(entry["precision"], (dim, dim)), threshold(entry["threshold"]))
 
 
 def reframe(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -4,35 +4,52 @@ This is what runs on a Pi: it imports `ai_edge_litert` and numpy, never
 TensorFlow. The sidecar JSON beside each .tflite carries labels, input size,
 preprocessing, the training manifest hash, the temperature, the
 out-of-distribution fit and the chest-layout fit, so a model file and its sidecar are all `predict`
-needs. The sidecar is checked against the model before any probability is
-shown: a mislabelled probability is worse than no answer.
+needs. The pair is checked before any probability is shown: the sidecar
+belongs to this very model and was not edited since export
+(covidxray/edge/model_binding.py), and its entries fit the model and are
+complete, finite numbers: a mislabelled probability or a silently disabled
+gate is worse than no answer.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 
 from covidxray.edge.calibration import apply_temperature
 from covidxray.edge.chest_layout import LayoutModel, OtherVersion
+from covidxray.edge.model_binding import TFLITE_SHA256, embedded_digest, sidecar_digest
 from covidxray.edge.native_stderr import native_stderr_to
 from covidxray.edge.ood import OodModel
+from covidxray.edge.orientation import OrientationModel
 from covidxray.errors import UserError
+from covidxray.files import partial_path
 from covidxray.run_folder import sidecar_path
 
 EMBEDDING_OUTPUT = "embedding"  # the second output's signature name (covidxray/export/tflite.py)
+# Every entry predict's answer depends on: without `ood` or `layout` a gate check would be silently off.
+REQUIRED_KEYS = ("labels", "image_size", "temperature", "ood", "layout", "orientation")
+PAIR_READS, PAIR_RETRY_S = 3, 0.5  # a pair read between export's two renames matches when read again
 
 
-def _sidecar_problem(card, num_classes: int, input_shape: list[int], embedding_dim: int | None) -> str | None:
+def _sidecar_problem(
+    card, num_classes: int, input_shape: list[int], embedding_dim: int | None, required=REQUIRED_KEYS
+) -> str | None:
     """What makes `card` unusable with this model, or None. Checked before any probability is shown."""
     if not isinstance(card, dict):
         return f"holds a JSON {type(card).__name__}, not an object"
-    missing = [key for key in ("labels", "image_size") if key not in card]
+    missing = [key for key in required if key not in card]
     if missing:
-        return f"lacks {', '.join(missing)}"
+        gate = (
+            " (without it a check of the input gate would be off)"
+            if {"ood", "layout", "orientation"} & set(missing)
+            else ""
+        )
+        return f"lacks {', '.join(missing)}{gate}"
     labels, size = card["labels"], card["image_size"]
     if (
         not isinstance(labels, list)
@@ -45,57 +62,75 @@ def _sidecar_problem(card, num_classes: int, input_shape: list[int], embedding_d
         return f"lists {len(labels)} labels ({', '.join(labels)}) but the model has {num_classes} outputs"
     if isinstance(size, bool) or not isinstance(size, int) or [1, size, size, 1] != input_shape:
         return f"says image_size {size!r} but the model takes input {input_shape}"
-    temperature = card.get("temperature", {"value": 1.0})
+    temperature = card.get("temperature", {"value": 1.0})  # only export's own card lacks it, before its fit
     value = temperature.get("value") if isinstance(temperature, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
         return f"temperature must be an object with a positive value, got {temperature!r}"
-    if "ood" in card:
-        ood = card["ood"]
-        if embedding_dim is None:
-            return "has an out-of-distribution section but the model has no `embedding` output"
-        try:
-            OodModel.from_sidecar(ood)
-            dim, classes = int(ood["dim"]), int(ood["classes"])
-        except (TypeError, KeyError, ValueError) as err:
-            return f"out-of-distribution section is damaged ({type(err).__name__}: {err})"
-        if dim != embedding_dim or classes > num_classes:
-            return f"out-of-distribution section is for {dim}-d embeddings and {classes} classes; the model gives {embedding_dim}-d and {num_classes}"
-    if "layout" in card:
-        try:
-            LayoutModel.from_sidecar(card["layout"])
-        except OtherVersion as err:
-            return f"chest-layout section is {err}: export again with this covidxray (or predict with the one that exported it)"
-        except (TypeError, KeyError, ValueError) as err:
-            return f"chest-layout section is damaged ({type(err).__name__}: {err})"
+    if "ood" not in card:
+        return None  # export, before its fits
+    ood = card["ood"]
+    if embedding_dim is None:
+        return "has an out-of-distribution section but the model has no `embedding` output"
+    try:
+        OodModel.from_sidecar(ood)
+        dim, classes = int(ood["dim"]), int(ood["classes"])
+    except (TypeError, KeyError, ValueError, AttributeError) as err:
+        return f"out-of-distribution section is damaged ({type(err).__name__}: {err})"
+    if dim != embedding_dim or classes > num_classes:
+        return f"out-of-distribution section is for {dim}-d embeddings and {classes} classes; the model gives {embedding_dim}-d and {num_classes}"
+    if "layout" not in card:
+        return None
+    try:
+        LayoutModel.from_sidecar(card["layout"])
+    except OtherVersion as err:
+        return f"chest-layout section is {err}: export again with this covidxray (or predict with the one that exported it)"
+    except (TypeError, KeyError, ValueError, AttributeError) as err:
+        return f"chest-layout section is damaged ({type(err).__name__}: {err})"
+    if "orientation" not in card:
+        return None
+    try:
+        OrientationModel.from_sidecar(card["orientation"])
+    except (TypeError, KeyError, ValueError, AttributeError) as err:
+        return f"orientation section is unusable ({type(err).__name__}: {err}): export again with this covidxray"
     return None
 
 
 class TFLiteClassifier:
-    def __init__(self, model_path: str | Path, threads: int = 1, card: dict | None = None):
-        """`card` is the sidecar's content when the caller has it in hand (export, before writing it)."""
+    def __init__(
+        self, model_path: str | Path, threads: int = 1, flatbuffer: bytes | None = None, card: dict | None = None
+    ):
+        """The .tflite at `model_path` with its sidecar, both checked before any use.
+
+        `flatbuffer` and `card` in hand: export, running a model before it binds and writes the pair.
+        """
         from ai_edge_litert.interpreter import Interpreter
 
         self.path = Path(model_path)
-        if not self.path.is_file():
-            raise UserError(
-                f"model {self.path} not found: run `covidxray export` first (or point --model at a .tflite or run directory)"
-            )
-        card = card if card is not None else self._read_card()
-        flatbuffer = self.path.read_bytes()
-        expected = card.get("tflite_sha256") if isinstance(card, dict) else None
-        if expected and hashlib.sha256(flatbuffer).hexdigest() != expected:
-            raise UserError(
-                f"{self.path} does not match its sidecar {sidecar_path(self.path).name} (sha256 differs): copy both files from the same export"
-            )
+        bound = flatbuffer is None
+        if bound:
+            flatbuffer, card = self._read_pair()
         with native_stderr_to(None):  # the XNNPACK banner
-            self.interpreter = Interpreter(model_content=flatbuffer, num_threads=threads)
-            self.interpreter.allocate_tensors()
+            try:
+                self.interpreter = Interpreter(model_content=flatbuffer, num_threads=threads)
+                self.interpreter.allocate_tensors()
+            except (ValueError, RuntimeError) as err:
+                raise UserError(
+                    f"{self.path} is not a usable TFLite model ({' '.join(str(err).split())}): copy it again from the export, or export again"
+                ) from None
+        if bound:
+            self._check_binding(flatbuffer, card)
         self.input = self.interpreter.get_input_details()[0]
         outputs = self._named_outputs()
         self.output = outputs.get("probabilities", self.interpreter.get_output_details()[0])
         self.embedding_output = outputs.get(EMBEDDING_OUTPUT)
         embedding_dim = int(self.embedding_output["shape"][-1]) if self.embedding_output else None
-        problem = _sidecar_problem(card, int(self.output["shape"][-1]), list(self.input["shape"]), embedding_dim)
+        problem = _sidecar_problem(
+            card,
+            int(self.output["shape"][-1]),
+            list(self.input["shape"]),
+            embedding_dim,
+            REQUIRED_KEYS if bound else ("labels", "image_size"),
+        )
         if problem:
             raise UserError(
                 f"sidecar {sidecar_path(self.path)} {problem}: copy the sidecar written by the same `covidxray export` as {self.path.name}, or export again"
@@ -104,8 +139,56 @@ class TFLiteClassifier:
         self.labels: list[str] = card["labels"]
         self.image_size: int = int(card["image_size"])
         self.temperature = float(card.get("temperature", {}).get("value", 1.0))
+        # None only in export's hands, before it fits them: every sidecar predict reads has both (REQUIRED_KEYS)
         self.ood = OodModel.from_sidecar(card["ood"]) if "ood" in card else None
-        self.layout = LayoutModel.from_sidecar(card["layout"]) if "layout" in card else None  # older exports: no check
+        self.layout = LayoutModel.from_sidecar(card["layout"]) if "layout" in card else None
+        self.orientation = OrientationModel.from_sidecar(card["orientation"]) if "orientation" in card else None
+
+    def _read_pair(self) -> tuple[bytes, dict]:
+        """The model's bytes and its sidecar, read again once when they do not match: `export` replaces the two
+        files one after the other (covidxray/export/tflite.py), so a reader can fall between the two renames."""
+        if not self.path.is_file():
+            raise UserError(
+                f"model {self.path} not found: run `covidxray export` first (or point --model at a .tflite or run directory)"
+            )
+        for _ in range(PAIR_READS):
+            card = self._read_card()
+            try:
+                flatbuffer = self.path.read_bytes()
+            except OSError as err:
+                raise UserError(f"cannot read {self.path} ({err.strerror or err})") from None
+            if not isinstance(card, dict) or hashlib.sha256(flatbuffer).hexdigest() == card.get(TFLITE_SHA256):
+                break
+            time.sleep(PAIR_RETRY_S)
+        return flatbuffer, card
+
+    def _check_binding(self, flatbuffer: bytes, card) -> None:
+        card_path = sidecar_path(self.path)
+        if not isinstance(card, dict):
+            return  # _sidecar_problem names it
+        if TFLITE_SHA256 not in card:
+            raise UserError(
+                f"sidecar {card_path} lacks tflite_sha256, so nothing ties it to {self.path.name}: copy the sidecar written by the same `covidxray export`, or export again"
+            )
+        if hashlib.sha256(flatbuffer).hexdigest() != card[TFLITE_SHA256]:
+            leftovers = [p.name for p in (partial_path(self.path), partial_path(card_path)) if p.exists()]
+            cause = (
+                f" ({', '.join(leftovers)} beside them: an export was interrupted while replacing the pair; run `covidxray export` again)"
+                if leftovers
+                else ""
+            )
+            raise UserError(
+                f"{self.path} does not match its sidecar {card_path.name} (sha256 differs){cause}: copy both files from the same export"
+            )
+        digest = embedded_digest(flatbuffer)
+        if digest is None:
+            raise UserError(
+                f"{self.path} carries no digest of its sidecar (exported by an older covidxray), so an edited sidecar would go unnoticed: export again with this version"
+            )
+        if digest != sidecar_digest(card):
+            raise UserError(
+                f"sidecar {card_path} was changed after `covidxray export` wrote it (its content no longer matches the digest recorded in {self.path.name}): labels, thresholds and temperature cannot be trusted; copy the sidecar from the export again"
+            )
 
     def _named_outputs(self) -> dict[str, dict]:
         """Outputs by their signature name (`probabilities`, `embedding`); {} for an unnamed single output."""
@@ -120,9 +203,13 @@ class TFLiteClassifier:
         if not card.is_file():
             raise UserError(f"{card} missing: a .tflite needs the sidecar JSON `covidxray export` writes beside it")
         try:
-            return json.loads(card.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise UserError(f"{card}: not valid JSON ({err}); copy it again from the export") from None
+            return json.loads(card.read_bytes())
+        except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, or nested beyond any sidecar
+            raise UserError(
+                f"{card}: not valid JSON ({type(err).__name__}: {err}); copy it again from the export"
+            ) from None
+        except OSError as err:
+            raise UserError(f"cannot read {card} ({err.strerror or err})") from None
 
     @property
     def probability_floor(self) -> float:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from covidxray.edge.sidecar_arrays import pack, unpack
+from covidxray.edge.sidecar_arrays import pack, threshold, unpack
 
 METHOD = "Mahalanobis distance to the nearest class mean, shared Ledoit-Wolf covariance (train split)"
 
@@ -57,7 +57,9 @@ class OodModel:
     def from_sidecar(cls, entry: dict) -> OodModel:
         classes, dim = int(entry["classes"]), int(entry["dim"])
         return cls(
-            unpack(entry["means"], (classes, dim)), unpack(entry["precision"], (dim, dim)), float(entry["threshold"])
+            unpack(entry["means"], (classes, dim)),
+            unpack(entry["precision"], (dim, dim)),
+            threshold(entry["threshold"]),
         )
 
 

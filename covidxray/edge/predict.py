@@ -2,23 +2,26 @@
 
 A bad file never stops the others; its entry carries the error instead. An
 image that is not a chest radiograph gets `rejected` instead of a class: by
-the cheap checks of covidxray/edge/radiograph_gate.py, because its
+the cheap checks of covidxray/edge/radiograph_gate.py, because it looks like
+a film shown inverted or upside down, or like no film in any orientation
+(covidxray/edge/orientation.py: the reason names the orientation), because its
 embedding lies beyond the out-of-distribution threshold in the sidecar, or
 because its coarse layout is unlike the training films'
-(covidxray/edge/chest_layout.py; sidecars from before it have no such
-check). No
+(covidxray/edge/chest_layout.py). No
 TensorFlow here: `--explain` (Grad-CAM on the Keras model, covidxray/export/gradcam.py)
 is handed in by the caller as an `ExplainerFor`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from covidxray.edge import radiograph_gate
+from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.edge.litert import TFLiteClassifier
 from covidxray.edge.preprocess import PREPROCESSING_VERSION, ImageError, as_model_input, is_dicom, load_gray
 from covidxray.errors import UserError
@@ -33,34 +36,73 @@ LAYOUT_REASON = "not-chest-layout"
 
 
 def _is_input_file(path: Path) -> bool:
-    """Image suffixes, plus suffix-less files with a DICOM preamble (as PACS exports name them)."""
-    if not path.is_file() or path.name.startswith("."):
+    """Image suffixes, plus suffix-less files with a DICOM preamble (as PACS exports name them).
+
+    A link that leads nowhere and a suffix-less file that cannot be read count as inputs: what they are
+    cannot be told, so they are reported rather than passed over.
+    """
+    if path.name.startswith("."):
         return False
-    return path.suffix.lower() in IMAGE_SUFFIXES or (not path.suffix and is_dicom(path))
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        return True
+    if path.suffix:
+        return False
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError:
+        return True
+    return path.is_file() and is_dicom(path)
 
 
-def expand_inputs(paths: list[Path]) -> list[Path]:
-    """Folders become their image files (recursively, sorted); an empty folder stays, to be reported."""
-    files: list[Path] = []
+def _folder_inputs(folder: Path) -> list[Path | ImageError]:
+    """The input files under `folder`, and an error for each subfolder that cannot be read and each link to a
+    folder (not followed: it may lead in a loop or out of the folder given)."""
+    found: list[Path | ImageError] = []
+
+    def unreadable(err: OSError) -> None:
+        found.append(ImageError("unreadable", err.filename, f"cannot read the folder ({err.strerror or err})"))
+
+    for root, folders, names in os.walk(folder, onerror=unreadable):
+        for name in folders:
+            if (Path(root) / name).is_symlink():
+                found.append(
+                    ImageError(
+                        "unsupported", Path(root) / name, "a link to a folder: not followed (give that folder itself)"
+                    )
+                )
+        found.extend(Path(root) / name for name in names if _is_input_file(Path(root) / name))
+    return sorted(found, key=lambda item: str(item.path if isinstance(item, ImageError) else item))
+
+
+def expand_inputs(paths: list[Path]) -> list[Path | ImageError]:
+    """Folders become their image files (recursively, sorted); a folder with none stays, to be reported as empty.
+
+    Nothing is skipped silently: a folder or link that cannot be followed becomes an error entry in its place.
+    """
+    inputs: list[Path | ImageError] = []
     for path in paths:
-        if path.is_dir():
-            files.extend(sorted(p for p in path.rglob("*") if _is_input_file(p)) or [path])
-        else:
-            files.append(path)
-    return files
+        inputs.extend((_folder_inputs(path) or [path]) if path.is_dir() else [path])
+    return inputs
+
+
+def error_entry(err: ImageError) -> dict:
+    return {"file": err.path, "error": err.detail, "reason": err.reason}
 
 
 def _rejected(path: Path, reason: str, score: float, limit: float) -> dict:
     return {"file": str(path), "rejected": REJECTED, "reason": reason, "score": float(score), "limit": float(limit)}
 
 
-def predict_path(path: Path, classifier: TFLiteClassifier, explain: Explainer | None = None) -> dict:
+def predict_path(
+    path: Path, classifier: TFLiteClassifier, explain: Explainer | None = None, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> dict:
     try:
         if path.is_dir():
             raise ImageError("empty", path, f"folder holds no {', '.join(IMAGE_SUFFIXES)} or DICOM files")
-        gray = load_gray(path)
+        gray = load_gray(path, max_pixels)
     except ImageError as err:
-        return {"file": str(path), "error": err.detail, "reason": err.reason}
+        return error_entry(err)
     except (
         Exception
     ) as err:  # a malformed file (WindowCenter "abc", a broken VOI LUT sequence, ...) is that file's problem only
@@ -73,14 +115,16 @@ def predict_path(path: Path, classifier: TFLiteClassifier, explain: Explainer | 
     if not gate.passed:
         return _rejected(path, gate.reason, gate.score, gate.limit)
     image = as_model_input(gray, classifier.image_size)
+    orientation, probability, upright = classifier.orientation.orientation(image)
+    if orientation != "upright":
+        return _rejected(path, orientation, probability, upright)
     raw, embedding = classifier.infer(image)
     distance = classifier.ood_distance(embedding)
-    if distance is not None and distance > classifier.ood.threshold:
+    if distance > classifier.ood.threshold:
         return _rejected(path, OOD_REASON, distance, classifier.ood.threshold)
-    if classifier.layout is not None:
-        layout = classifier.layout.score(image)
-        if layout > classifier.layout.threshold:
-            return _rejected(path, LAYOUT_REASON, layout, classifier.layout.threshold)
+    layout = classifier.layout.score(image)
+    if layout > classifier.layout.threshold:
+        return _rejected(path, LAYOUT_REASON, layout, classifier.layout.threshold)
     probs = classifier.calibrated(raw)
     best = int(probs.argmax())
     result = {
@@ -104,18 +148,33 @@ def preprocessing_mismatch(card: dict) -> str | None:
     return f"was trained on images made by {described}; this predictor does version {PREPROCESSING_VERSION}: export a model trained on data prepared with this version"
 
 
-def predict_files(
-    paths: list[Path],
-    model_path: Path,
-    threads: int = 1,
-    explainer_for: ExplainerFor | None = None,
-    warn: Callable[[str], None] = lambda _message: None,
-) -> list[dict]:
-    if threads < 1:
-        raise UserError(f"--threads {threads}: give 1 or more")
-    classifier = TFLiteClassifier(model_path, threads)
-    mismatch = preprocessing_mismatch(classifier.card)
-    if mismatch:
-        warn(f"{model_path} {mismatch}")
-    explain = explainer_for(classifier) if explainer_for is not None else None
-    return [predict_path(path, classifier, explain) for path in expand_inputs(paths)]
+class Predictor:
+    """The model loaded once (sidecar checked, Grad-CAM prepared); `inputs` and `__call__` give one result per file."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        threads: int = 1,
+        explainer_for: ExplainerFor | None = None,
+        warn: Callable[[str], None] = lambda _message: None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ):
+        if threads < 1:
+            raise UserError(f"--threads {threads}: give 1 or more")
+        self.classifier = TFLiteClassifier(model_path, threads)
+        mismatch = preprocessing_mismatch(self.classifier.card)
+        if mismatch:
+            warn(f"{model_path} {mismatch}")
+        self.explain = explainer_for(self.classifier) if explainer_for is not None else None
+        self.max_pixels = max_pixels
+
+    def __call__(self, item: Path | ImageError) -> dict:
+        if isinstance(item, ImageError):
+            return error_entry(item)
+        return predict_path(item, self.classifier, self.explain, self.max_pixels)
+
+
+def predict_files(paths: list[Path], model_path: Path, threads: int = 1, **options) -> list[dict]:
+    """Every result at once (for library use; the CLI prints each as it is done)."""
+    predictor = Predictor(model_path, threads, **options)
+    return [predictor(item) for item in expand_inputs(paths)]

@@ -9,13 +9,15 @@ to 0..1 happens inside the model.
 
 from __future__ import annotations
 
+import errno
+import os
 import warnings
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-from covidxray.edge.image_header import DEFAULT_MAX_PIXELS, declared_size
+from covidxray.edge.image_header import DEFAULT_MAX_PIXELS, OPENCV_PIXEL_LIMIT, declared_size
 from covidxray.records import VOLUME_SUFFIXES
 
 # Bump whenever a change to this module can change a single output pixel. Prepare's decode cache and shard
@@ -46,6 +48,10 @@ COLOUR_PIXEL_SHARE = 0.05
 # colours lie on a line too but not on one hue.
 TINT_HUE_SPREAD = 6.0
 TINT_RESIDUAL = 4.0
+
+
+# How to raise the limit, for a film that really is that large (every command takes --set, predict included).
+RAISE_LIMIT_HINT = "if this board has the memory (e.g. --set data.max_pixels=40000000)"
 
 
 class ImageError(ValueError):
@@ -292,11 +298,24 @@ def _is_tinted_gray(image: np.ndarray, coloured: np.ndarray) -> bool:
     return float(np.sqrt(((channels - brightness @ fit) ** 2).mean())) <= TINT_RESIDUAL
 
 
-def _load_raster(path: Path) -> np.ndarray:
-    data = np.fromfile(str(path), dtype=np.uint8)
+def _load_raster(path: Path, max_pixels: int) -> np.ndarray:
+    try:
+        data = np.fromfile(str(path), dtype=np.uint8)
+    except OSError as err:
+        raise ImageError("unreadable", path, f"cannot read the file ({err.strerror or err})") from None
     if data.size == 0:
         raise ImageError("empty", path, "file is empty")
-    image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
+    try:
+        image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
+    except cv2.error as err:  # OpenCV's own size limit (OPENCV_IO_MAX_IMAGE_PIXELS), for a size no header check found
+        if "CV_IO_MAX_IMAGE" not in str(err):
+            raise ImageError("unreadable", path, f"not a decodable image ({_one_line(err)})") from None
+        raise ImageError(
+            "too-large",
+            path,
+            f"decoding was refused by OpenCV's pixel limit ({OPENCV_PIXEL_LIMIT}={os.environ.get(OPENCV_PIXEL_LIMIT, 'default')}): "
+            f"the image is larger than data.max_pixels {max_pixels:,} allows; downscale it, or raise data.max_pixels {RAISE_LIMIT_HINT}",
+        ) from None
     if image is None or image.size == 0:
         raise ImageError("unreadable", path, "not a decodable image (corrupt, truncated or not an image)")
     if image.ndim == 3:
@@ -318,20 +337,45 @@ def _check_pixel_count(path: Path, size: tuple[int, int] | None, max_pixels: int
             "too-large",
             path,
             f"{what} {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, above data.max_pixels "
-            f"{max_pixels:,} (decoding it could exhaust memory); downscale it, or raise data.max_pixels if this board has the memory",
+            f"{max_pixels:,} (decoding it could exhaust memory); downscale it, or raise data.max_pixels {RAISE_LIMIT_HINT}",
         )
+
+
+def _why_not_a_file(path: Path) -> str:
+    if not path.is_symlink():
+        return "file not found"
+    target = os.readlink(path)
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # Python 3.11 reports a symlink loop as RuntimeError, later versions as ELOOP
+        return f"a link in a loop (it points to {target})"
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return f"a link in a loop (it points to {target})"
+        return f"a broken link: it points to {target}, which {'does not exist' if err.errno == errno.ENOENT else err.strerror}"
+    return f"a link to {target}, which is not a file"
 
 
 def load_gray(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Decode a PNG/JPEG/DICOM radiograph to a 2-D uint8 array, or raise ImageError."""
     path = Path(path)
     if not path.is_file():
-        raise ImageError("missing", path, "file not found")
+        raise ImageError("missing", path, _why_not_a_file(path))
     if path.name.lower().endswith(VOLUME_SUFFIXES):
         raise ImageError("not-xray", path, "a 3-D volume file (CT/MR), not a radiograph")
     dicom = is_dicom(path)
     _check_pixel_count(path, declared_size(path, dicom), max_pixels, "header declares")
-    gray = _load_dicom(path) if dicom else _load_raster(path)
+    if dicom:
+        try:
+            gray = _load_dicom(path)
+        except ImageError:
+            raise
+        except Exception as err:  # malformed data sets fail inside pydicom in many ways: that file's problem only
+            raise ImageError(
+                "unreadable", path, f"cannot decode DICOM ({type(err).__name__}: {_one_line(err)})"
+            ) from None
+    else:
+        gray = _load_raster(path, max_pixels)
     _check_pixel_count(path, gray.shape[::-1], max_pixels, "decodes to")  # formats whose header is not parsed
     if min(gray.shape[:2]) < 16:
         raise ImageError("unreadable", path, f"image too small ({gray.shape[1]}x{gray.shape[0]})")

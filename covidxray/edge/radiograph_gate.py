@@ -32,7 +32,7 @@ from covidxray.edge.preprocess import ImageError
 THUMBNAIL_SIDE = 256
 
 # Change when a limit or a feature changes: it is part of the decode cache's fingerprint.
-GATE_VERSION = 3
+GATE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,12 @@ class Check:
 # radiographs' detail at 9 px <= 0.0515 (limit 0.07; those images 0.078-0.15), and its ratio to the
 # 3 px detail <= 3.97 (limit 7: blobs with no fine grain, noise smoothed over 5-16 px 7.3-9.2; a
 # radiograph shrunk to 96 px and blown up to 512 px reaches 6.9, below it).
+# Version 4 adds `framed`, for a film shown inside a window or page (a PACS screenshot: the round-3 report's
+# N1, pneumonia 0.94 where the film alone gets normal): on both sides, left and right or top and bottom, a band
+# of lines at least 90% of one flat background level (+-3). Real films reach 0.172 of the width (an ieee8023
+# figure with black side bars; 5,993 films + 523 NIH + 602 ieee8023 768 px), viewer screenshots 0.15-0.26;
+# the limit 0.2 is only 1.16 x the real maximum (a letterboxed film squashed to the square model input is
+# distorted anyway), and viewers that fill the window more than that still pass.
 # Checked in this order; the first failing one is the reason given.
 CHECKS = (
     Check("too-small", 64, True, "short side in pixels"),
@@ -68,6 +74,7 @@ CHECKS = (
     Check("few-gray-levels", 0.6, False, "share of pixels on the two most common gray levels"),
     Check("busy-texture", 0.07, False, "detail at 9 px relative to the gray-level spread"),
     Check("grainless-blobs", 7.0, False, "detail at 9 px over detail at 3 px"),
+    Check("framed", 0.2, False, "share of the width or height in flat bands on both sides (a window or page)"),
 )
 
 
@@ -96,6 +103,26 @@ def _detail(small: np.ndarray, side: int) -> float:
     return float(np.abs(small.astype(np.float32) - cv2.blur(small, (side, side)).astype(np.float32)).mean())
 
 
+def _framed(small: np.ndarray) -> float:
+    """The narrower of the two flat bands (left/right, or top/bottom: the larger pair) as a share of that side.
+
+    A band line is one whose pixels are at least 90% within 3 gray levels of the background, the commonest
+    level along the image's edge; overlay text in a viewer's corners leaves its lines at that share.
+    """
+    edge = np.concatenate([small[0], small[-1], small[:, 0], small[:, -1]])
+    background = int(np.bincount(edge, minlength=256).argmax())
+    flat = np.abs(small.astype(np.int16) - background) <= 3
+
+    def run(lines: np.ndarray) -> int:
+        full = lines >= 0.9
+        return len(full) if full.all() else int(np.argmin(full))
+
+    columns, rows = flat.mean(axis=0), flat.mean(axis=1)
+    sideways = min(run(columns), run(columns[::-1])) / small.shape[1]
+    upright = min(run(rows), run(rows[::-1])) / small.shape[0]
+    return float(max(sideways, upright))
+
+
 def features(gray: np.ndarray) -> dict[str, float]:
     """The value each check in CHECKS looks at, keyed by its reason."""
     height, width = gray.shape[:2]
@@ -117,6 +144,7 @@ def features(gray: np.ndarray) -> dict[str, float]:
         "too-smooth": detail,  # the same measure, from below: gradients and blurred blobs have no grain at all
         "busy-texture": texture,
         "grainless-blobs": texture / max(detail, 1e-6),
+        "framed": _framed(small),
     }
 
 

@@ -12,4 +12,16 @@ def pack(array: np.ndarray) -> str:
 
 
 def unpack(text: str, shape: tuple[int, ...]) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(np.float64).reshape(shape)
+    """ValueError when the text is not base64 of that many finite float32 values."""
+    array = np.frombuffer(base64.b64decode(text, validate=True), dtype="<f4").astype(np.float64).reshape(shape)
+    if not np.isfinite(array).all():
+        raise ValueError("holds values that are not finite numbers")
+    return array
+
+
+def threshold(value) -> float:
+    """A gate threshold from the sidecar: a finite positive number, else ValueError (NaN would compare false and let
+    every image pass; infinity or zero would turn the check off or refuse everything)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+        raise ValueError(f"threshold {value!r} is not a finite positive number")
+    return float(value)

@@ -17,6 +17,8 @@ import tensorflow as tf
 
 from covidxray.edge.litert import TFLiteClassifier
 from covidxray.errors import UserError
+from covidxray.export.keras_file import load_keras_model
+from covidxray.run_folder import MODEL_FILE
 
 HEAT_WEIGHT = 0.45  # share of the colour map in the overlay; the X-ray stays readable beneath
 
@@ -83,36 +85,47 @@ def overlay(gray: np.ndarray, heat: np.ndarray) -> np.ndarray:
 
 
 def gradcam_for(out_dir: Path, keras_model: Path | None = None) -> Callable[[TFLiteClassifier], GradCamWriter]:
-    """Predict's explainer: Grad-CAM on the Keras model the sidecar names (beside the .tflite) unless `keras_model` overrides it."""
+    """Predict's explainer: Grad-CAM on the Keras model the .tflite was converted from.
+
+    That model is `model.keras` in the folder of the .tflite (the run folder export wrote both into), or the
+    file `--keras-model` names; either way it must be the very file whose sha256 export recorded in the
+    sidecar (which is itself bound to the .tflite), and it is loaded in Keras' safe mode
+    (covidxray/export/keras_file.py). The sidecar's own `keras_model` entry is never used as a path.
+    """
 
     def make(classifier: TFLiteClassifier) -> GradCamWriter:
-        model = keras_model
-        if model is None:
-            if "keras_model" not in classifier.card:
-                raise UserError(f"the sidecar of {classifier.path} names no Keras model: give --keras-model")
-            model = classifier.path.parent / classifier.card["keras_model"]
-        return GradCamWriter(model, out_dir, classifier.image_size)
+        expected = classifier.card.get("keras_sha256")
+        if not isinstance(expected, str):
+            raise UserError(
+                f"the sidecar of {classifier.path} records no sha256 of the Keras model it was converted from (exported by an older covidxray): export again to use --explain"
+            )
+        model_path = keras_model or classifier.path.parent / MODEL_FILE
+        if not model_path.is_file():
+            raise UserError(
+                f"--explain needs the Keras model {classifier.path.name} was converted from: {model_path} not found (run predict --explain on the export's run folder, or give --keras-model)"
+            )
+        model = load_keras_model(
+            model_path,
+            expected,
+            f"the model {classifier.path.name} was converted from (retrained or replaced since that export?): "
+            "export again, or give --keras-model the model.keras of that export",
+        )
+        return GradCamWriter(model, out_dir)
 
     return make
 
 
 class GradCamWriter:
-    """Loads the Keras model once; writes `<stem>.gradcam.png` per explained image into `out_dir`."""
+    """Writes `<stem>.gradcam.png` per explained image into `out_dir`."""
 
-    def __init__(self, keras_model: Path, out_dir: Path, image_size: int):
-        if not keras_model.is_file():
-            raise UserError(
-                f"--explain needs the Keras model: {keras_model} not found (give --keras-model, or keep model.keras beside the .tflite)"
-            )
-        model = tf.keras.models.load_model(str(keras_model), compile=False)
-        if tuple(model.input_shape[1:3]) != (image_size, image_size):
-            raise UserError(
-                f"{keras_model} takes {model.input_shape[1:3]} inputs, the .tflite {image_size} px: they are not the same model"
-            )
+    def __init__(self, model: tf.keras.Model, out_dir: Path):
         self.forward = score_function(model)
         self.out_dir = out_dir
         self.used: set[str] = set()
-        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"cannot make --explain-dir {out_dir} ({err.strerror or err})") from None
 
     def _name(self, source: Path) -> Path:
         """`<stem>.gradcam.png`, numbered when two inputs share a stem (same name, other folder)."""

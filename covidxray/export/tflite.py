@@ -13,7 +13,6 @@ calibrated probabilities predict will show, against the Keras model.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import shutil
@@ -25,25 +24,29 @@ import tensorflow as tf
 
 from covidxray.config import Config
 from covidxray.data.tfrecord import read_records
-from covidxray.edge import chest_layout, ood
+from covidxray.edge import chest_layout, ood, orientation
 from covidxray.edge.litert import EMBEDDING_OUTPUT, TFLiteClassifier
+from covidxray.edge.model_binding import bind
 from covidxray.edge.native_stderr import native_stderr_to
 from covidxray.errors import UserError
 from covidxray.export.c_array import write_c_array
 from covidxray.export.calibration import calibration_summary
 from covidxray.export.formats import FORMATS, check_formats
-from covidxray.files import atomic_path, atomic_write
-from covidxray.manifest import check_model_matches, manifest_sha256, shard_paths
+from covidxray.export.keras_file import load_keras_model
+from covidxray.files import atomic_path, sha256_file, signals_held
+from covidxray.manifest import check_model_matches, manifest_sha256, require_intact_shards, shard_paths
 from covidxray.run_folder import (
     CONVERTER_LOG,
     EXPORT_REPORT,
-    MODEL_CARD,
     MODEL_FILE,
     SAVED_MODEL_DIR,
+    read_model_card,
     sidecar_path,
     tflite_name,
     write_json,
 )
+
+SPLITS_READ = ("train", "val", "test")  # train: OOD and layout fits, int8 calibration; val: thresholds; test: parity
 
 
 def iter_split(data_dir: Path, split: str) -> Iterator[tuple[np.ndarray, int]]:
@@ -100,11 +103,17 @@ def fit_calibration_and_ood(classifier: TFLiteClassifier, data_dir: Path, margin
     }
 
 
-def fit_chest_layout(data_dir: Path, margin: float) -> dict:
-    """Sidecar entry `layout`: fitted on the train split's model inputs, threshold on val (covidxray/edge/chest_layout.py)."""
+def fit_pixel_checks(data_dir: Path, manifest: dict, margin: float) -> dict:
+    """Sidecar entries `layout` (covidxray/edge/chest_layout.py: fitted on the train split's model inputs, threshold
+    on val) and `orientation` (covidxray/edge/orientation.py: on at most orientation.MAX_FILMS train films, spread
+    over the split). Pixels only, so one fit serves every format."""
     train = (image for image, _ in iter_split(data_dir, "train"))  # streamed: the split never sits in memory whole
     val = (image for image, _ in iter_split(data_dir, "val"))
-    return chest_layout.fit_with_threshold(train, val, margin)
+    layout = chest_layout.fit_with_threshold(train, val, margin)
+    step = -(-manifest["splits"]["train"]["records"] // orientation.MAX_FILMS)
+    films = (image for i, (image, _) in enumerate(iter_split(data_dir, "train")) if i % step == 0)
+    val = (image for image, _ in iter_split(data_dir, "val"))
+    return {"layout": layout, "orientation": orientation.fit_entry(films, val)}
 
 
 def write_saved_model(model: tf.keras.Model, run_dir: Path) -> Path:
@@ -122,20 +131,34 @@ def convert(saved_model: Path, fmt: str, representative: np.ndarray | None = Non
     return converter.convert()
 
 
+def write_model_pair(out: Path, flatbuffer: bytes, sidecar: dict) -> None:
+    """The .tflite and its sidecar, so that a reader never uses a model with another export's sidecar.
+
+    Both are written in full to `.partial` names first; then the model replaces the old one, then the
+    sidecar, with Ctrl-C and SIGTERM held until both renames are done. A reader that falls between the
+    renames sees a pair whose hashes differ, waits a moment and reads it again (covidxray/edge/litert.py);
+    after a kill -9 between them the pair stays mismatched, the sidecar's `.partial` beside it, and predict
+    refuses it and says to export again.
+    """
+    with signals_held(), atomic_path(sidecar_path(out)) as card_tmp, atomic_path(out) as model_tmp:
+        card_tmp.write_text(json.dumps(sidecar, indent=2))
+        model_tmp.write_bytes(flatbuffer)
+
+
 def export(config: Config, say: Callable[[str], None] = print) -> dict:
     """Write saved_model/, model-<fmt>.tflite + sidecar per format, the int8 C array and export_report.json."""
     formats = check_formats(config.export.formats)
     run_dir, data_dir = Path(config.train.run_dir), Path(config.data.data_dir)
-    model_path, card_path = run_dir / MODEL_FILE, run_dir / MODEL_CARD
-    if not model_path.is_file() or not card_path.is_file():
-        raise UserError(f"no trained model in {run_dir} ({MODEL_FILE}, {MODEL_CARD}): run `covidxray train` first")
-    card = json.loads(card_path.read_text())
-    _, same_data = check_model_matches(card, data_dir)
+    model_path = run_dir / MODEL_FILE
+    card = read_model_card(run_dir)
+    manifest, same_data = check_model_matches(card, data_dir)
+    require_intact_shards(data_dir, manifest, SPLITS_READ)
     if not same_data:
         say(
             f"[yellow]warning[/]: {data_dir} is not the exact data set the model was trained on (manifest hash differs); its test split may overlap training images"
         )
-    model = tf.keras.models.load_model(str(model_path), compile=False)
+    keras_sha256 = sha256_file(model_path)  # before loading: the sidecar names the very bytes that were converted
+    model = load_keras_model(model_path, keras_sha256, "the file just hashed (it changed during export)")
     test_images, test_labels = load_split(data_dir, "test")
     keras_pred = model.predict(test_images, batch_size=64, verbose=0).argmax(1)
     representative = (
@@ -161,27 +184,25 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         "training_manifest_sha256": card.get("manifest_sha256"),
         "int8_min_agreement": config.export.int8_min_agreement,
     }
-    layout = None
+    pixel_checks = None
     for fmt in formats:
         with native_stderr_to(log):
             flatbuffer = convert(saved_model, fmt, representative)
         out = run_dir / tflite_name(fmt)
-        atomic_write(out, flatbuffer)
-        sidecar = {
-            **card,
-            "format": fmt,
-            "tflite_sha256": hashlib.sha256(flatbuffer).hexdigest(),
-            "keras_model": MODEL_FILE,
-        }
-        sidecar.update(fit_calibration_and_ood(TFLiteClassifier(out, card=sidecar), data_dir, config.export.ood_margin))
-        layout = layout or fit_chest_layout(data_dir, config.export.layout_margin)  # after the val split was checked
-        sidecar["layout"] = layout
-        classifier = TFLiteClassifier(out, card=sidecar)  # calibrated, as predict will run it
+        sidecar = {**card, "format": fmt, "keras_model": MODEL_FILE, "keras_sha256": keras_sha256}
+        sidecar.update(
+            fit_calibration_and_ood(
+                TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar), data_dir, config.export.ood_margin
+            )
+        )
+        # after the val split was checked (fit_calibration_and_ood)
+        pixel_checks = pixel_checks or fit_pixel_checks(data_dir, manifest, config.export.layout_margin)
+        sidecar.update(pixel_checks)
+        classifier = TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar)  # calibrated, as predict will run it
         lite_probs, test_embeddings, _ = _run_split(classifier, data_dir, "test")
         lite_pred = classifier.calibrated(lite_probs).argmax(1)
         entry = {
             "file": out.name,
-            "bytes": len(flatbuffer),
             "agreement": float((lite_pred == keras_pred).mean()),
             "accuracy": float((lite_pred == test_labels).mean()),
             "temperature": sidecar["temperature"]["value"],
@@ -190,9 +211,12 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             "test_over_ood_threshold": float(
                 (classifier.ood.distances(test_embeddings) > classifier.ood.threshold).mean()
             ),
-            "layout_threshold": layout["threshold"],
+            "layout_threshold": pixel_checks["layout"]["threshold"],
             "test_over_layout_threshold": float(
                 (classifier.layout.scores(test_images) > classifier.layout.threshold).mean()
+            ),
+            "test_not_upright": float(
+                np.mean([classifier.orientation.orientation(image)[0] != "upright" for image in test_images])
             ),
         }
         entry["accuracy_delta"] = entry["accuracy"] - report["keras"]["accuracy"]
@@ -200,7 +224,10 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             "test_images": len(test_labels),
             **{k: entry[k] for k in ("agreement", "accuracy", "accuracy_delta")},
         }
-        write_json(sidecar_path(out), sidecar)
+        flatbuffer, sidecar = bind(flatbuffer, sidecar)
+        write_model_pair(out, flatbuffer, sidecar)
+        TFLiteClassifier(out)  # read back as predict reads it: the pair on disk is whole, bound and usable
+        entry["bytes"] = len(flatbuffer)
         if fmt == "int8":
             entry["meets_bar"] = entry["agreement"] >= config.export.int8_min_agreement
             entry["c_array"] = [p.name for p in write_c_array(out, card["labels"], int(card["image_size"]))]
@@ -216,7 +243,8 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             f"accuracy {entry['accuracy']:.2%} ({entry['accuracy_delta']:+.2%}), temperature {entry['temperature']:.3f} "
             f"(val ECE {entry['val_ece_before_after'][0]:.3f} -> {entry['val_ece_before_after'][1]:.3f}), "
             f"test images beyond the out-of-distribution threshold {entry['test_over_ood_threshold']:.2%}, "
-            f"beyond the chest-layout threshold {entry['test_over_layout_threshold']:.2%}"
+            f"beyond the chest-layout threshold {entry['test_over_layout_threshold']:.2%}, "
+            f"not upright {entry['test_not_upright']:.2%}"
         )
     write_json(run_dir / EXPORT_REPORT, report)
     if not report.get("int8", {}).get("meets_bar", True):

@@ -14,7 +14,6 @@ collection an image came from instead of the disease (see docs/datasets.md).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,9 +21,10 @@ import numpy as np
 
 from covidxray.config import Config
 from covidxray.errors import UserError
+from covidxray.export.keras_file import load_keras_model
 from covidxray.files import atomic_path
-from covidxray.manifest import check_model_matches, shard_paths
-from covidxray.run_folder import EVALUATION, MODEL_CARD, MODEL_FILE, write_json
+from covidxray.manifest import check_model_matches, require_intact_shards, shard_paths
+from covidxray.run_folder import EVALUATION, MODEL_FILE, read_model_card, write_json
 from covidxray.train.by_source import UNSEEN, per_source_report, split_sources
 from covidxray.train.metrics import (
     binary_rates,
@@ -199,18 +199,15 @@ def plot_reliability(path: Path, calibration: dict) -> None:
 
 
 def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
-    import tensorflow as tf
-
     run_dir, data_dir = Path(config.train.run_dir), Path(config.data.data_dir)
-    model_path, card_path = run_dir / MODEL_FILE, run_dir / MODEL_CARD
-    if not model_path.is_file() or not card_path.is_file():
-        raise UserError(f"no trained model in {run_dir} ({MODEL_FILE}, {MODEL_CARD}): run `covidxray train` first")
-    card = json.loads(card_path.read_text())
+    model_path = run_dir / MODEL_FILE
+    card = read_model_card(run_dir)
     manifest, same_data = check_model_matches(card, data_dir)
     if not manifest["splits"]["test"]["records"]:
         raise UserError(f"{data_dir}: the test split is empty")
+    require_intact_shards(data_dir, manifest, ("val", "test"))
 
-    model = tf.keras.models.load_model(str(model_path), compile=False)
+    model = load_keras_model(model_path)
     names, size = card["labels"], int(card["image_size"])
     val_probs, val_labels = predict_split(model, data_dir, "val", size, len(names))
     test_probs, test_labels = predict_split(model, data_dir, "test", size, len(names))
