@@ -129,6 +129,8 @@ def start_prepare(source: Path, data_dir: Path) -> subprocess.Popen:
             f"covid19-talo={source}",
             "--data-dir",
             str(data_dir),
+            "--task",
+            "pneumonia",
             "--image-size",
             "64",
             "--workers",
