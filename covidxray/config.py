@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from covidxray.edge.harmonise import METHODS as HARMONISE_METHODS
+from covidxray.edge.harmonise import NONE as HARMONISE_NONE
 from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
 from covidxray.files import atomic_write
@@ -100,6 +102,10 @@ class DataConfig:
     # A zip bomb (a 9.7 MB zip holding a 2 GiB member) is ~220x; JPEG/PNG collections ~1x, CSVs ~10x.
     max_extract_bytes: int = setting(64 << 30, low=1)
     max_compression_ratio: float = setting(100.0, above=1.0)
+    # Pixels made alike across collections before the resize (covidxray/edge/harmonise.py): none, or
+    # trim-inpaint-equalise (frame trimmed, burnt-in text and markers inpainted, histogram equalised + CLAHE).
+    # The manifest, model card and sidecar carry it, and predict applies the same to every image.
+    harmonise: str = setting(HARMONISE_NONE, choices=HARMONISE_METHODS)
 
 
 @dataclass

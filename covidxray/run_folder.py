@@ -34,6 +34,11 @@ CONVERTER_LOG = "export_converter.log"
 DEFAULT_FORMAT = "float32"
 
 
+def external_copies_name(index: int) -> str:
+    """The table of external images `evaluate --external` dropped as copies of training images, per external set."""
+    return f"external_copies_{index + 1}.csv"
+
+
 def tflite_name(fmt: str) -> str:
     return f"model-{fmt}.tflite"
 

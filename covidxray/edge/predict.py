@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from covidxray.edge import radiograph_gate
+from covidxray.edge import harmonise, radiograph_gate
 from covidxray.edge.litert import TFLiteClassifier
 from covidxray.edge.preprocess import PREPROCESSING_VERSION, ImageError, as_model_input, is_dicom, load_gray
 from covidxray.errors import UserError
@@ -72,7 +72,7 @@ def predict_path(path: Path, classifier: TFLiteClassifier, explain: Explainer | 
     gate = radiograph_gate.check(gray)
     if not gate.passed:
         return _rejected(path, gate.reason, gate.score, gate.limit)
-    image = as_model_input(gray, classifier.image_size)
+    image = as_model_input(gray, classifier.image_size, classifier.card.get("harmonise", harmonise.NONE))
     raw, embedding = classifier.infer(image)
     distance = classifier.ood_distance(embedding)
     if distance is not None and distance > classifier.ood.threshold:
@@ -114,6 +114,7 @@ def predict_files(
     if threads < 1:
         raise UserError(f"--threads {threads}: give 1 or more")
     classifier = TFLiteClassifier(model_path, threads)
+    harmonise.check_method(classifier.card.get("harmonise", harmonise.NONE), f"{model_path}'s sidecar: harmonise")
     mismatch = preprocessing_mismatch(classifier.card)
     if mismatch:
         warn(f"{model_path} {mismatch}")

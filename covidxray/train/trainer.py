@@ -310,6 +310,7 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
         "task": manifest["task"],
         "model": cfg.model,
         "preprocessing": PREPROCESSING_VERSION,
+        "harmonise": manifest.get("harmonise", "none"),  # predict makes its input like the shards' (edge/harmonise.py)
         "manifest_sha256": manifest_sha256(data_dir),
     }
     weights = (
