@@ -278,6 +278,7 @@ def external_report(
             "dropped_unchecked": len(unchecked),
             "copies_table": copies_path.name,
             "copies": [dict(zip(COPY_COLUMNS, c.row())) for c in copies],
+            "dropped_record_ids": sorted(dropped),  # as in the shards: what a re-scoring must leave out
             "ece": expected_calibration_error(labels, probabilities),
             "per_source": per_source_report(
                 labels,
