@@ -419,6 +419,9 @@ def leave_one_source_out(bench, args, recipe: dict) -> None:
         / "runs"
         / f"{args.recipe}-{args.model}-{args.image_size}-{args.epochs}ep{'-' + args.tag if args.tag else ''}{'-quick' if args.quick else ''}"
     )
+    missing = [folder for folder in recipe["sources"].values() if not (args.data_root / folder).is_dir()]
+    if missing:
+        sys.exit(f"--data-root {args.data_root}: {', '.join(missing)} not found there")
     folders = {}
     for name, folder in recipe["sources"].items():
         every = subsample.get(name, 1)
