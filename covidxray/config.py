@@ -130,6 +130,13 @@ class TrainConfig:
         1.0, low=0.0, high=1.0
     )  # weight ~ count^-power: 1 inverse frequency, 0.5 square root
     shuffle_buffer: int = setting(512, low=1)
+    # Issue 24, less learning of the source (docs/datasets.md, "Source bias"): by_source draws every batch from
+    # every source in proportion, with class weights computed within each source (train/source_balance.py);
+    # degrade: probability of each encoding degradation (lower resolution, JPEG, noise) in augmentation;
+    # source_adversary: weight of a source-adversarial head behind a gradient reversal (train/source_adversary.py), 0: none.
+    sampling: str = setting("shuffle", choices=("shuffle", "by_source"))
+    degrade: float = setting(0.0, low=0.0, high=1.0)
+    source_adversary: float = setting(0.0, low=0.0, high=10.0)
     early_stopping_patience: int = setting(0, low=0)  # epochs without val AUC gain; 0 disables
     elastic: bool = False  # launched by horovodrun --min-np/--max-np/--host-discovery-script
     # Horovod, set before hvd.init() (docs/training.md): gradients on the wire as float16 halve the bytes per step;
