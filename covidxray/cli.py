@@ -24,7 +24,7 @@ from covidxray.export.formats import FORMATS
 from covidxray.registry import Registry
 from covidxray.run_folder import DEFAULT_FORMAT
 from covidxray.train.models import MODEL_REGISTRY
-from covidxray.train.weights import IMAGENET_WEIGHTS
+from covidxray.train.weights import IMAGENET_WEIGHTS, PACKAGED_WEIGHTS
 from covidxray.train_stack import missing_train_stack, require_train_stack
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter hides our messages
@@ -394,8 +394,19 @@ def demo(
     run(lambda: run_demo(workdir, epochs, say=console.print))
 
 
-weights_app = typer.Typer(no_args_is_help=True, help="ImageNet backbone weights for air-gapped clusters.")
+weights_app = typer.Typer(
+    no_args_is_help=True, help="ImageNet backbone weights: where they come from, air-gapped copies."
+)
 app.add_typer(weights_app, name="weights")
+
+
+@weights_app.command("list")
+def weights_list():
+    """Where `train.weights: imagenet` gets each model's file, and whether it is on this machine."""
+    from covidxray.train.weights import describe_imagenet_weights
+
+    for model in [*PACKAGED_WEIGHTS, *IMAGENET_WEIGHTS]:
+        print(describe_imagenet_weights(model))
 
 
 @weights_app.command("download")

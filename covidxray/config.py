@@ -122,6 +122,10 @@ class TrainConfig:
     # Training images (over all ranks) whose batch statistics replace the BN moving averages before each
     # validation; 0 keeps Keras' moving averages (which lag far behind in short runs).
     bn_recalibration_images: int = setting(1024, low=0)
+    # BN layers in inference mode throughout: their statistics are measured once on bn_recalibration_images
+    # training images before the first epoch, then fixed (no per-epoch re-estimation). For fine-tuning a pretrained
+    # backbone with small per-rank batches.
+    freeze_batchnorm: bool = False
     augment: bool = True
     # Scales every augmentation range (train/input.py): 1 = +-8% scale, +-4% shift, +-7 deg, +-12% brightness/contrast.
     augment_strength: float = setting(1.0, above=0.0, high=3.0)

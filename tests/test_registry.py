@@ -42,7 +42,8 @@ def test_every_registry_refuses_a_name_it_already_has(register):
 
 def test_an_unknown_name_is_a_user_error_listing_the_known_ones():
     with pytest.raises(
-        UserError, match=r"unknown model 'resnet'; available: efficientnet_b0, mobilenet_v3_small, small_cnn"
+        UserError,
+        match=r"unknown model 'resnet'; available: efficientnet_b0, efficientnet_lite0, mobilenet_v3_small, small_cnn",
     ):
         build_model("resnet", 32, 2)
     with pytest.raises(UserError, match="unknown task 'xray9'; available: chest3, chest4, oct, pneumonia"):

