@@ -377,6 +377,8 @@ def predict(
             probs = "  ".join(f"{k} {v:.3f}" for k, v in item["probabilities"].items())
             heat = f"  grad-cam {item['gradcam']}" if "gradcam" in item else ""
             print(f"{item['file']}: {item['label']}  ({probs}){heat}")
+        if "warning" in item.get("source_profile", {}):
+            warn(f"{item['file']}: {item['source_profile']['warning']}")
     if as_json:
         print(json.dumps(results, indent=2))
     if any("error" in item or "rejected" in item for item in results):

@@ -160,6 +160,9 @@ class ExportConfig:
     ood_margin: float = setting(2.0, above=0.0, high=100.0)
     # Chest-layout threshold = the largest val-split layout score x this (covidxray/edge/chest_layout.py).
     layout_margin: float = setting(1.2, above=0.0, high=100.0)
+    # Source-profile limit = a training source's largest val-split distance x this; predict warns (never rejects)
+    # when an image is beyond every source's limit (covidxray/edge/source_profile.py).
+    source_margin: float = setting(1.0, above=0.0, high=100.0)
 
 
 @dataclass

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from covidxray.edge import harmonise, radiograph_gate
+from covidxray.edge import harmonise, radiograph_gate, source_profile
 from covidxray.edge.litert import TFLiteClassifier
 from covidxray.edge.preprocess import PREPROCESSING_VERSION, ImageError, as_model_input, is_dicom, load_gray
+from covidxray.edge.source_profile import SIDECAR_KEY, SourceProfile
 from covidxray.errors import UserError
 from covidxray.records import IMAGE_SUFFIXES
 
@@ -54,7 +55,9 @@ def _rejected(path: Path, reason: str, score: float, limit: float) -> dict:
     return {"file": str(path), "rejected": REJECTED, "reason": reason, "score": float(score), "limit": float(limit)}
 
 
-def predict_path(path: Path, classifier: TFLiteClassifier, explain: Explainer | None = None) -> dict:
+def predict_path(
+    path: Path, classifier: TFLiteClassifier, explain: Explainer | None = None, profile: SourceProfile | None = None
+) -> dict:
     try:
         if path.is_dir():
             raise ImageError("empty", path, f"folder holds no {', '.join(IMAGE_SUFFIXES)} or DICOM files")
@@ -89,6 +92,8 @@ def predict_path(path: Path, classifier: TFLiteClassifier, explain: Explainer | 
         "confidence": float(probs[best]),
         "probabilities": {label: float(p) for label, p in zip(classifier.labels, probs)},
     }
+    if profile is not None and embedding is not None:  # a warning beside the answer, never instead of it
+        result[SIDECAR_KEY] = profile.assess(embedding)
     if explain is not None:
         result["gradcam"] = str(explain(path, gray, image, best))
     return result
@@ -118,5 +123,9 @@ def predict_files(
     mismatch = preprocessing_mismatch(classifier.card)
     if mismatch:
         warn(f"{model_path} {mismatch}")
+    try:
+        profile = source_profile.from_card(classifier.card)
+    except ValueError as err:
+        raise UserError(f"{model_path}'s sidecar: {err}; export again") from None
     explain = explainer_for(classifier) if explainer_for is not None else None
-    return [predict_path(path, classifier, explain) for path in expand_inputs(paths)]
+    return [predict_path(path, classifier, explain, profile) for path in expand_inputs(paths)]

@@ -29,6 +29,7 @@ from covidxray.edge import chest_layout, ood
 from covidxray.edge.litert import EMBEDDING_OUTPUT, TFLiteClassifier
 from covidxray.edge.native_stderr import native_stderr_to
 from covidxray.errors import UserError
+from covidxray.export import source_profile
 from covidxray.export.c_array import write_c_array
 from covidxray.export.calibration import calibration_summary
 from covidxray.export.formats import FORMATS, check_formats
@@ -176,6 +177,9 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         sidecar.update(fit_calibration_and_ood(TFLiteClassifier(out, card=sidecar), data_dir, config.export.ood_margin))
         layout = layout or fit_chest_layout(data_dir, config.export.layout_margin)  # after the val split was checked
         sidecar["layout"] = layout
+        sidecar[source_profile.SIDECAR_KEY] = source_profile.sidecar_entry(
+            TFLiteClassifier(out, card=sidecar), data_dir, config.export.source_margin
+        )
         classifier = TFLiteClassifier(out, card=sidecar)  # calibrated, as predict will run it
         lite_probs, test_embeddings, _ = _run_split(classifier, data_dir, "test")
         lite_pred = classifier.calibrated(lite_probs).argmax(1)
