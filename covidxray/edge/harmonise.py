@@ -39,6 +39,7 @@ TRIM_INPAINT_EQUALISE = "trim-inpaint-equalise"
 METHODS = (NONE, TRIM_INPAINT_EQUALISE)
 WORK_SIDE = 512
 FLAT_SPREAD = 12  # gray levels: a row or column spanning no more is frame (as near_duplicates.trim_uniform_border)
+TRIM_PASSES = 4  # frames nested this deep are trimmed
 OVERLAY_LEVEL = 245  # burnt-in text and markers are drawn at (near) full white
 OVERLAY_MAX_AREA = 0.004  # share of the image one overlay region may cover: letters and markers, not anatomy
 OVERLAY_GROW = 2  # pixels added around an overlay before inpainting: its anti-aliased edge
@@ -68,15 +69,24 @@ def _working_copy(gray: np.ndarray, size: int) -> np.ndarray:
 
 
 def trim_flat_border(gray: np.ndarray) -> np.ndarray:
-    """`gray` without the rows and columns at its edges whose levels span at most FLAT_SPREAD."""
-    rows = np.flatnonzero(np.ptp(gray, axis=1) > FLAT_SPREAD)
-    columns = np.flatnonzero(np.ptp(gray, axis=0) > FLAT_SPREAD)
-    if len(rows) < 2 or len(columns) < 2:
-        return gray
-    top, bottom, left, right = rows[0], rows[-1] + 1, columns[0], columns[-1] + 1
-    if bottom - top < gray.shape[0] / 2 or right - left < gray.shape[1] / 2:
-        return gray  # most of the image flat: not a frame, keep it whole
-    return gray[top:bottom, left:right]
+    """`gray` without the rows and columns at its edges whose levels span at most FLAT_SPREAD.
+
+    Repeated while it trims: a frame of two colours (a scan's black margin inside a figure's white padding)
+    has rows that cross both, which only become flat once the outer colour is gone.
+    """
+    original = gray
+    for _ in range(TRIM_PASSES):
+        rows = np.flatnonzero(np.ptp(gray, axis=1) > FLAT_SPREAD)
+        columns = np.flatnonzero(np.ptp(gray, axis=0) > FLAT_SPREAD)
+        if len(rows) < 2 or len(columns) < 2:
+            break
+        top, bottom, left, right = rows[0], rows[-1] + 1, columns[0], columns[-1] + 1
+        if (top, bottom, left, right) == (0, gray.shape[0], 0, gray.shape[1]):
+            break
+        gray = gray[top:bottom, left:right]
+    if gray.shape[0] < original.shape[0] / 2 or gray.shape[1] < original.shape[1] / 2:
+        return original  # most of the image flat: not a frame, keep it whole
+    return gray
 
 
 def overlay_mask(gray: np.ndarray) -> np.ndarray:
