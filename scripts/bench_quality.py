@@ -161,6 +161,11 @@ def main() -> None:
     bench.parser.add_argument(
         "--baseline", type=Path, help="leave-one-out recipes: the JSON of the recipe to compare in-sample AUC with"
     )
+    bench.parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="leave-one-out recipes: keep a fold's finished training run, re-evaluate it",
+    )
     args = bench.parse({"image_size": 64, "epochs": 1, "bootstrap": 50, "model": "small_cnn"})
     recipe = RECIPES[args.recipe]
     if recipe.get("leave_one_out"):
@@ -337,20 +342,24 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
     )
     _prepare({held: args.data_root / recipe["sources"][held]}, recipe["task"], args.image_size, held_dir, sets)
     train_sets = [arg for s in args.sets if s.startswith("train.") for arg in ("--set", s)]
-    trained = measured_run(
-        _bench.covidxray(
-            "train",
-            "--data-dir",
-            str(training_dir),
-            "--run-dir",
-            str(run_dir),
-            "--model",
-            args.model,
-            "--epochs",
-            str(args.epochs),
-            *train_sets,
+    if args.reuse and _trained(run_dir, args.epochs):
+        trained = json.loads((run_dir / "bench_train.json").read_text())
+    else:
+        trained = measured_run(
+            _bench.covidxray(
+                "train",
+                "--data-dir",
+                str(training_dir),
+                "--run-dir",
+                str(run_dir),
+                "--model",
+                args.model,
+                "--epochs",
+                str(args.epochs),
+                *train_sets,
+            )
         )
-    )
+        (run_dir / "bench_train.json").write_text(json.dumps({k: trained[k] for k in ("seconds", "peak_rss_mib")}))
     evaluated = _bench.run(
         _bench.covidxray(
             "evaluate", "--data-dir", str(training_dir), "--run-dir", str(run_dir), "--external", str(held_dir)
@@ -369,6 +378,7 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
     ):
         if abs(mine - theirs) > 1e-9:  # the same model on the same images: must agree
             sys.exit(f"covidxray evaluate and this bench disagree on the {what} accuracy: {theirs} vs {mine}")
+    profile = source_profile_flags(model, training_dir, held_dir, set(external["dropped_record_ids"]))
     train_classes = load_manifest(training_dir)["splits"]["train"]["classes"]
     trained_classes = [c for c, name in enumerate(names) if train_classes[name]]
     train_log = json.loads((run_dir / "train_log.json").read_text())
@@ -385,6 +395,7 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
             "ece": external["ece"],
         },
         "ece_in_sample": evaluation["calibration"]["ece"],
+        "source_profile": profile,
         "epochs_run": len(train_log["epochs"]),
         "best_epoch": train_log["best"].get("epoch"),
         "best_val_auc": train_log["best"].get("val_auc"),
@@ -394,6 +405,45 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
         "evaluate_stderr_tail": evaluated.stderr[-1500:],
         "run_dir": str(run_dir),
         "dropped_in_bench": dropped,
+    }
+
+
+def _trained(run_dir: Path, epochs: int) -> bool:
+    """A finished training run of `epochs` epochs in `run_dir` (what --reuse skips)."""
+    try:
+        log = json.loads((run_dir / "train_log.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        (run_dir / "model.keras").is_file()
+        and (run_dir / "bench_train.json").is_file()
+        and len(log["epochs"]) == epochs
+    )
+
+
+def _embeddings(served, data_dir: Path, splits: tuple[str, ...], skip: set[str] = frozenset()) -> tuple:
+    from covidxray.data.tfrecord import read_records
+    from covidxray.manifest import shard_paths
+
+    records = [r for split in splits for r in read_records(shard_paths(data_dir, split)) if r["record_id"] not in skip]
+    images = np.stack([r["image"] for r in records]).astype(np.float32)
+    return served.predict(images, batch_size=64, verbose=0)[1], np.array([r["source"] for r in records], dtype=object)
+
+
+def source_profile_flags(model, training_dir: Path, held_dir: Path, dropped: set[str]) -> dict:
+    """Share of each test set predict would warn about (covidxray/edge/source_profile.py, margin 1), the profile
+    fitted as export fits it but on the Keras model's embeddings (the float32 TFLite model's, to float precision)."""
+    from covidxray.export.source_profile import fit
+    from covidxray.export.tflite import with_embedding
+
+    served = with_embedding(model)
+    profile = fit(*_embeddings(served, training_dir, ("train",)), *_embeddings(served, training_dir, ("val",)), 1.0)
+    test, _ = _embeddings(served, training_dir, ("test",))
+    held, _ = _embeddings(served, held_dir, ("train", "val", "test"), dropped)
+    return {
+        "margin": 1.0,
+        "in_sample_test_warned": float(profile.unlike_every_source(test).mean()),
+        "held_out_warned": float(profile.unlike_every_source(held).mean()),
     }
 
 
@@ -445,16 +495,22 @@ def leave_one_source_out(bench, args, recipe: dict) -> None:
         bench.finish(args, _loso_results(args, recipe, subsample, folds))  # written after every fold: nothing lost
     results = _loso_results(args, recipe, subsample, folds)
     names = next(iter(folds.values()))["in_sample"]["classes"]
-    headers = ["fold (held out)", "test set", "images", "accuracy", "macro AUC"] + [
-        f"{name} {kind}" for name in names for kind in ("sensitivity", "specificity")
-    ]
+    headers = (
+        ["fold (held out)", "test set", "images", "accuracy", "macro AUC"]
+        + [f"{name} {kind}" for name in names for kind in ("sensitivity", "specificity")]
+        + ["predict warns: unlike every training source"]
+    )
     rows = []
     for held, fold in folds.items():
-        for label, entry in (("in-sample test", fold["in_sample"]), (f"{held} (held out)", fold["held_out_set"])):
+        warned = (fold["source_profile"]["in_sample_test_warned"], fold["source_profile"]["held_out_warned"])
+        for (label, entry), share in zip(
+            (("in-sample test", fold["in_sample"]), (f"{held} (held out)", fold["held_out_set"])), warned
+        ):
             counts = "/".join(str(n) for n in entry["classes"].values())
             rows.append(
                 [held, label, counts, _cell(entry, "accuracy"), _cell(entry, "macro_auc")]
                 + [_cell(entry, f"{name}_{kind}") for name in names for kind in ("sensitivity", "specificity")]
+                + [f"{share:.1%}"]
             )
     bench.table(
         f"{args.recipe}: {args.model} at {args.image_size} px, {args.epochs} epochs, overrides {args.sets or 'none'}; "
