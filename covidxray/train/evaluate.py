@@ -216,7 +216,7 @@ def evaluate(
     manifest, same_data = check_model_matches(card, data_dir)
     if not manifest["splits"]["test"]["records"]:
         raise UserError(f"{data_dir}: the test split is empty")
-    external.check_all(card, data_dir, same_data, externals)
+    external.check_all(card, run_dir, data_dir, same_data, externals)
 
     model = tf.keras.models.load_model(str(model_path), compile=False)
     names, size = card["labels"], int(card["image_size"])

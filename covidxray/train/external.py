@@ -24,6 +24,7 @@ the test split: nothing about the external set is tuned on it.
 from __future__ import annotations
 
 import csv
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -36,10 +37,11 @@ from covidxray.data import dedup
 from covidxray.data.image_cache import ImageCache, cache_path
 from covidxray.errors import UserError
 from covidxray.files import atomic_open
-from covidxray.manifest import load_manifest, shard_paths
+from covidxray.manifest import content_sha256, load_manifest, shard_paths
 from covidxray.records import Record
 from covidxray.train.by_source import per_source_report
 from covidxray.train.metrics import expected_calibration_error
+from covidxray.train.run_guard import RUN_INPUTS
 
 SPLIT_TABLE = "splits.csv"  # written by prepare: every kept image, its patient, source and split
 TRAINING_SPLITS = ("train", "val")
@@ -93,9 +95,21 @@ def check_fits(card: dict, manifest: dict, external_dir: Path) -> None:
         )
 
 
-def check_all(card: dict, training_dir: Path, same_data: bool, externals) -> None:
+def _trained_on(run_dir: Path, training_dir: Path, same_bytes: bool) -> bool:
+    """Whether `training_dir` holds the data the run trained on: the very manifest, or a re-prepare with the same
+    content (task, labels, size, preprocessing, every shard's sha256: covidxray/train/run_guard.py records it)."""
+    if same_bytes:
+        return True
+    try:
+        recorded = json.loads((run_dir / RUN_INPUTS).read_text())["data_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return recorded == content_sha256(load_manifest(training_dir))
+
+
+def check_all(card: dict, run_dir: Path, training_dir: Path, same_data: bool, externals) -> None:
     """Before anything is predicted: every external set fits the model, and the copy check has the training data."""
-    if externals and not same_data:
+    if externals and not _trained_on(run_dir, training_dir, same_data):
         raise UserError(
             f"--external checks the external images against the training data, but {training_dir} is not the data set "
             "the model was trained on (its manifest hash differs from the model card's): point --data-dir at it"
