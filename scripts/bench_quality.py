@@ -544,7 +544,9 @@ def leave_one_source_out(bench, args, recipe: dict) -> None:
         counts = f"held-out images {entry['classes']}" + (
             f", left out (no training image of the class): {entry['left_out']}" if "left_out" in entry else ""
         )
-        note = f"AUC over {', '.join(entry['auc_classes'])} (classes train had and the source has both of); {counts}"
+        total = sum(entry["classes"].values())
+        defined = [name for name in entry["auc_classes"] if 0 < entry["classes"].get(name, 0) < total]
+        note = f"mean AUC of {', '.join(defined)} (classes train had and the source has both of); {counts}"
         target = f">= {goals['held_out_macro_auc']}"
         if auc is None:
             bench.goal(f"{held} held out: macro AUC", False, None, target, "undefined: " + note)
