@@ -79,6 +79,25 @@ def measured_run(cmd: list[str]) -> dict:
     return {"seconds": seconds, "peak_rss_mib": peak_rss_mib, "stderr": result.stderr}
 
 
+def measured_train(args, data_dir: Path, run_dir: Path) -> dict:
+    """`covidxray train` of --model for --epochs on `data_dir` with the train.* --set overrides, measured."""
+    train_sets = [arg for s in args.sets if s.startswith("train.") for arg in ("--set", s)]
+    return measured_run(
+        _bench.covidxray(
+            "train",
+            "--data-dir",
+            str(data_dir),
+            "--run-dir",
+            str(run_dir),
+            "--model",
+            args.model,
+            "--epochs",
+            str(args.epochs),
+            *train_sets,
+        )
+    )
+
+
 def point_metrics(
     labels: np.ndarray, probabilities: np.ndarray, class_names: list[str], auc_classes: list[int] | None = None
 ) -> dict:
@@ -196,21 +215,7 @@ def main() -> None:
         ),
         timeout=7200,
     )
-    train_sets = [arg for s in args.sets if s.startswith("train.") for arg in ("--set", s)]
-    trained = measured_run(
-        _bench.covidxray(
-            "train",
-            "--data-dir",
-            str(data_dir),
-            "--run-dir",
-            str(run_dir),
-            "--model",
-            args.model,
-            "--epochs",
-            str(args.epochs),
-            *train_sets,
-        )
-    )
+    trained = measured_train(args, data_dir, run_dir)
     _bench.run(_bench.covidxray("evaluate", "--data-dir", str(data_dir), "--run-dir", str(run_dir)))
 
     labels, probabilities, class_names = test_predictions(run_dir, data_dir)
@@ -341,24 +346,10 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
         sets,
     )
     _prepare({held: args.data_root / recipe["sources"][held]}, recipe["task"], args.image_size, held_dir, sets)
-    train_sets = [arg for s in args.sets if s.startswith("train.") for arg in ("--set", s)]
     if args.reuse and _trained(run_dir, args.epochs):
         trained = json.loads((run_dir / "bench_train.json").read_text())
     else:
-        trained = measured_run(
-            _bench.covidxray(
-                "train",
-                "--data-dir",
-                str(training_dir),
-                "--run-dir",
-                str(run_dir),
-                "--model",
-                args.model,
-                "--epochs",
-                str(args.epochs),
-                *train_sets,
-            )
-        )
+        trained = measured_train(args, training_dir, run_dir)
         (run_dir / "bench_train.json").write_text(json.dumps({k: trained[k] for k in ("seconds", "peak_rss_mib")}))
     evaluated = _bench.run(
         _bench.covidxray(
