@@ -287,6 +287,12 @@ def external_report(
                 + manifest["splits"]["test"]["records"]
             ),
             "classes": {name: int((labels == c).sum()) for c, name in enumerate(names)},
+            # external images of a class the model never trained on: no recipe can recognise them
+            "untrained_classes": {
+                name: int((labels == c).sum())
+                for c, name in enumerate(names)
+                if (labels == c).any() and not training_manifest["splits"]["train"]["classes"].get(name)
+            },
             "dropped_as_copies": len(copies),
             "dropped_by_kind": dict(sorted(Counter(c.kind for c in copies).items())),
             "dropped_unchecked": len(unchecked),
@@ -322,6 +328,8 @@ def describe(entry: dict, describe_source: Callable[[str, dict], str]) -> list[s
         + (f" and {entry['dropped_unchecked']} that could not be checked" if entry["dropped_unchecked"] else ""),
         f"  accuracy {_fmt(entry['accuracy'])}, macro ROC AUC {_fmt(entry['macro_roc_auc'])}, ECE {entry['ece']:.3f}",
     ]
+    for name, count in entry["untrained_classes"].items():
+        lines.append(f"  {name}: {count} external images, but no training image of {name}: the model cannot know it")
     for name, per_class in entry["per_class"].items():
         rates = per_class["argmax"]
         lines.append(
