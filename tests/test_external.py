@@ -173,3 +173,14 @@ def test_an_external_set_that_does_not_fit_the_model_is_refused_by_name():
     with pytest.raises(UserError, match="harmonise is 'trim-inpaint-equalise', the model's 'none'"):
         check_fits(card, {**manifest, "image_size": 64, "harmonise": "trim-inpaint-equalise"}, Path("e"))
     check_fits(card, {**manifest, "image_size": 64}, Path("e"))  # fits: no error
+
+
+@pytest.mark.slow
+def test_the_training_data_as_external_set_is_refused(external_run):
+    run_dir, _, _ = external_run
+    training_dir = run_dir.parent / "training"
+    result = run_cli(
+        "evaluate", "--run-dir", str(run_dir), "--data-dir", str(training_dir), "--external", str(training_dir)
+    )
+    assert result.returncode == 2 and "is the training data set itself" in result.stderr
+    assert "Traceback" not in result.stderr
