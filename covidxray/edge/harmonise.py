@@ -8,15 +8,19 @@ their intensity processing (window, gamma, edge enhancement). `trim-inpaint-equa
 removes those three, in this order, on the decoded gray image before it is
 resized to the model's input:
 
-1. the image is brought down to a working size (long side at most
-   max(WORK_SIDE, 2 x the model's input size), never up), so the steps cost
-   the same for a 3000 px CR as for a 512 px PNG;
+1. the image is brought to one working size (long side max(WORK_SIDE, the
+   model's input size)), up or down: the collections' resolutions stop
+   differing before anything else looks at them, and every step costs the
+   same for a 3000 px CR as for a 224 px JPEG;
 2. trim: rows and columns at the edges whose gray levels span at most
    FLAT_SPREAD are frame and cut away (never below half the side);
-3. inpaint: small bright connected regions (at least OVERLAY_LEVEL, each at
-   most OVERLAY_MAX_AREA of the image) are burnt-in text and markers, filled
-   from their surroundings (Telea). Large bright regions (saturated shoulders,
-   a bright body) stay;
+3. inpaint: burnt-in text and markers are small, compact marks far brighter
+   (or darker) than what is around them: a white (black) top-hat of
+   OVERLAY_KERNEL px above OVERLAY_CONTRAST on a bright (dark) pixel, in
+   connected regions of at most OVERLAY_MAX_AREA of the image and
+   OVERLAY_MAX_EXTENT of its side each way. They are filled from their
+   surroundings (Telea). Ribs, the heart and the lung fields are wider than
+   the kernel; long thin lines (ECG leads, tubes) exceed the extent and stay;
 4. equalise: the histogram is equalised to a uniform one (exposure, window
    and gamma stop differing), then contrast-limited adaptive equalisation
    (CLAHE) sets local contrast to one level whatever edge enhancement the
@@ -37,12 +41,15 @@ from covidxray.errors import UserError
 NONE = "none"
 TRIM_INPAINT_EQUALISE = "trim-inpaint-equalise"
 METHODS = (NONE, TRIM_INPAINT_EQUALISE)
-WORK_SIDE = 512
+WORK_SIDE = 256
 FLAT_SPREAD = 12  # gray levels: a row or column spanning no more is frame (as near_duplicates.trim_uniform_border)
 TRIM_PASSES = 4  # frames nested this deep are trimmed
-OVERLAY_LEVEL = 245  # burnt-in text and markers are drawn at (near) full white
+OVERLAY_KERNEL = 7  # px at the working size: text strokes and markers are thinner, anatomy is wider
+OVERLAY_CONTRAST = 60  # gray levels above (below) the morphological opening (closing) around them
+OVERLAY_BRIGHT, OVERLAY_DARK = 160, 80  # ... on pixels at least this bright (at most this dark)
 OVERLAY_MAX_AREA = 0.004  # share of the image one overlay region may cover: letters and markers, not anatomy
-OVERLAY_GROW = 2  # pixels added around an overlay before inpainting: its anti-aliased edge
+OVERLAY_MAX_EXTENT = 0.08  # share of the side one overlay region may span each way: not a line along the film
+OVERLAY_GROW = 1  # pixels added around an overlay before inpainting: its anti-aliased edge
 INPAINT_RADIUS = 3
 CLAHE_CLIP, CLAHE_TILES = 2.0, 8
 
@@ -60,12 +67,9 @@ def check_method(name: str, where: str = "data.harmonise") -> str:
 def _working_copy(gray: np.ndarray, size: int) -> np.ndarray:
     import cv2
 
-    limit = max(WORK_SIDE, 2 * size)
-    scale = limit / max(gray.shape)
-    if scale >= 1:
-        return gray
+    scale = max(WORK_SIDE, size) / max(gray.shape)
     shape = (max(1, round(gray.shape[1] * scale)), max(1, round(gray.shape[0] * scale)))
-    return cv2.resize(gray, shape, interpolation=cv2.INTER_AREA)
+    return cv2.resize(gray, shape, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
 
 
 def trim_flat_border(gray: np.ndarray) -> np.ndarray:
@@ -90,13 +94,23 @@ def trim_flat_border(gray: np.ndarray) -> np.ndarray:
 
 
 def overlay_mask(gray: np.ndarray) -> np.ndarray:
-    """uint8 mask (255) of the small bright regions that are burnt-in text and markers, grown by OVERLAY_GROW."""
+    """uint8 mask (255) of the burnt-in text and markers (see the module docstring), grown by OVERLAY_GROW."""
     import cv2
 
-    bright = (gray >= OVERLAY_LEVEL).astype(np.uint8)
-    count, labels, stats, _ = cv2.connectedComponentsWithStats(bright, connectivity=8)
+    kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (OVERLAY_KERNEL, OVERLAY_KERNEL))
+    brighter = cv2.morphologyEx(gray, cv2.MORPH_TOPHAT, kernel)
+    darker = cv2.morphologyEx(gray, cv2.MORPH_BLACKHAT, kernel)
+    marks = ((brighter > OVERLAY_CONTRAST) & (gray >= OVERLAY_BRIGHT)) | (
+        (darker > OVERLAY_CONTRAST) & (gray <= OVERLAY_DARK)
+    )
+    count, labels, stats, _ = cv2.connectedComponentsWithStats(marks.astype(np.uint8), connectivity=8)
+    side = max(gray.shape)
     small = np.zeros(count, bool)
-    small[1:] = stats[1:, cv2.CC_STAT_AREA] <= OVERLAY_MAX_AREA * gray.size
+    small[1:] = (
+        (stats[1:, cv2.CC_STAT_AREA] <= OVERLAY_MAX_AREA * gray.size)
+        & (stats[1:, cv2.CC_STAT_WIDTH] <= OVERLAY_MAX_EXTENT * side)
+        & (stats[1:, cv2.CC_STAT_HEIGHT] <= OVERLAY_MAX_EXTENT * side)
+    )
     mask = (small[labels] * 255).astype(np.uint8)
     if OVERLAY_GROW and mask.any():
         mask = cv2.dilate(mask, np.ones((2 * OVERLAY_GROW + 1, 2 * OVERLAY_GROW + 1), np.uint8))
@@ -110,7 +124,7 @@ def equalise(gray: np.ndarray) -> np.ndarray:
 
 
 def harmonised(gray: np.ndarray, method: str, size: int) -> np.ndarray:
-    """Decoded 2-D uint8 gray -> the same film harmonised by `method` (NONE: unchanged), at a working size >= `size`."""
+    """Decoded 2-D uint8 gray -> the same film harmonised by `method` (NONE: unchanged), at the working size."""
     if method == NONE:
         return gray
     import cv2
