@@ -33,7 +33,7 @@ GATE_REASONS = {
     "out-of-distribution",
     "not-chest-layout",
 }
-OPTIONAL = {"gradcam": str}
+OPTIONAL = {"gradcam": str, "source_profile": dict}  # source_profile: covidxray/edge/source_profile.py
 REASONS = {"missing", "empty", "unreadable", "not-xray", "unsupported"}
 
 
