@@ -166,6 +166,9 @@ def test_the_adversary_trains_a_source_head_and_saves_the_classifier_alone():
     history = model.fit({"image": images, "source": source}, labels, batch_size=16, epochs=2, verbose=0).history
     assert {"loss", "accuracy", "source_loss", "source_accuracy"} <= set(history)
     assert any(not np.allclose(a, b.numpy()) for a, b in zip(head_before, model.head.weights))
+    # the model's weights are the classifier's and the head's only: per-rank metric state would make the replicas
+    # of a Horovod job differ in their weights, checkpoints and digest
+    assert [w.name for w in model.weights] == [w.name for w in classifier.weights + model.head.weights]
     np.testing.assert_allclose(model.predict(images, verbose=0), classifier.predict(images, verbose=0), rtol=1e-5)
     copy = tf.keras.models.clone_model(inference_model(model))  # what the trainer saves: no head inside
     assert [layer.name for layer in copy.layers] == [layer.name for layer in classifier.layers]

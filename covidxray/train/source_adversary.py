@@ -51,8 +51,16 @@ class SourceAdversary(tf.keras.Model):
         )
         self.head.build((None, features.shape[-1]))
         self.weight, self.total_steps = float(weight), max(1, int(total_steps))
-        self.source_loss_tracker = tf.keras.metrics.Mean(name="source_loss")
-        self.source_accuracy = tf.keras.metrics.SparseCategoricalAccuracy(name="source_accuracy")
+        # Set past Keras' attribute tracking: a metric's state is each rank's own, and as a tracked attribute it
+        # would join the model's weights (checkpoints, the start-of-training broadcast, the replica digest).
+        object.__setattr__(
+            self,
+            "source_metrics",
+            (
+                tf.keras.metrics.Mean(name="source_loss"),
+                tf.keras.metrics.SparseCategoricalAccuracy(name="source_accuracy"),
+            ),
+        )
 
     def call(self, inputs, training=False):
         return self.classifier(inputs["image"] if isinstance(inputs, dict) else inputs, training=training)
@@ -63,7 +71,7 @@ class SourceAdversary(tf.keras.Model):
 
     @property
     def metrics(self):
-        return [*super().metrics, self.source_loss_tracker, self.source_accuracy]
+        return [*super().metrics, *self.source_metrics]
 
     def train_step(self, data):
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
@@ -78,8 +86,9 @@ class SourceAdversary(tf.keras.Model):
             loss = class_loss + self.weight * source_loss
         self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
         self.compiled_metrics.update_state(y, probabilities, sample_weight)
-        self.source_loss_tracker.update_state(source_loss)
-        self.source_accuracy.update_state(x["source"], logits)
+        loss_tracker, accuracy = self.source_metrics
+        loss_tracker.update_state(source_loss)
+        accuracy.update_state(x["source"], logits)
         return {metric.name: metric.result() for metric in self.metrics}
 
 
