@@ -249,14 +249,26 @@ def evaluate(
     data_dir: str | None = typer.Option(
         None, help="Prepared data: thresholds from its val split, metrics on its test split."
     ),
+    external: list[str] | None = typer.Option(
+        None,
+        "--external",
+        help="A data set prepared separately (any sources): every image of it is test, after copies of training "
+        "images are dropped; reported beside the test split (repeatable).",
+    ),
 ):
     """Test-split accuracy, per-class sensitivity/specificity/PPV, ROC AUC, confusion matrix; thresholds chosen on val."""
+    from covidxray.cli_progress import progress_bar
+
     cfg = run(lambda: resolve(config, sets, data__data_dir=data_dir, train__run_dir=run_dir))
 
     def go():
         from covidxray.train.evaluate import evaluate as do_evaluate
 
-        do_evaluate(cfg, say=console.print)
+        if not external:
+            do_evaluate(cfg, say=console.print)
+            return
+        with progress_bar("checking the external images for copies of training images") as advance:
+            do_evaluate(cfg, say=console.print, externals=list(external), progress=advance)
 
     run(go, "nothing was written (evaluation.json and the plots are written at the end); run evaluate again")
 
@@ -423,6 +435,12 @@ def show_result(item: dict, mode: str) -> None:
         probs = "  ".join(f"{k} {v:.3f}" for k, v in item["probabilities"].items())
         heat = f"  grad-cam {item['gradcam']}" if "gradcam" in item else ""
         print(f"{item['file']}: {item['label']}  ({probs}){heat}", flush=True)
+    if "warning" in item.get("source_profile", {}):
+        console.print(
+            f"[yellow]warning[/]: {escape(item['file'])}: {escape(item['source_profile']['warning'])}",
+            soft_wrap=True,
+            highlight=False,
+        )
 
 
 @app.command()

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from covidxray.edge.harmonise import METHODS as HARMONISE_METHODS
+from covidxray.edge.harmonise import NONE as HARMONISE_NONE
 from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
 from covidxray.files import atomic_write
@@ -102,6 +104,10 @@ class DataConfig:
     # A zip bomb (a 9.7 MB zip holding a 2 GiB member) is ~220x; JPEG/PNG collections ~1x, CSVs ~10x.
     max_extract_bytes: int = setting(64 << 30, low=1)
     max_compression_ratio: float = setting(100.0, above=1.0)
+    # Pixels made alike across collections before the resize (covidxray/edge/harmonise.py): none, or
+    # trim-inpaint-equalise (frame trimmed, burnt-in text and markers inpainted, histogram equalised + CLAHE).
+    # The manifest, model card and sidecar carry it, and predict applies the same to every image.
+    harmonise: str = setting(HARMONISE_NONE, choices=HARMONISE_METHODS)
 
     def recorded(self) -> dict[str, Any]:
         """The values as manifests and saved configs keep them: a password in a source's `url` hidden."""
@@ -142,6 +148,13 @@ class TrainConfig:
         1.0, low=0.0, high=1.0
     )  # weight ~ count^-power: 1 inverse frequency, 0.5 square root
     shuffle_buffer: int = setting(512, low=1)
+    # Issue 24, less learning of the source (docs/datasets.md, "Source bias"): by_source draws every batch from
+    # every source in proportion, with class weights computed within each source (train/source_balance.py);
+    # degrade: probability of each encoding degradation (lower resolution, JPEG, noise) in augmentation;
+    # source_adversary: weight of a source-adversarial head behind a gradient reversal (train/source_adversary.py), 0: none.
+    sampling: str = setting("shuffle", choices=("shuffle", "by_source"))
+    degrade: float = setting(0.0, low=0.0, high=1.0)
+    source_adversary: float = setting(0.0, low=0.0, high=10.0)
     early_stopping_patience: int = setting(0, low=0)  # epochs without val AUC gain; 0 disables
     elastic: bool = False  # launched by horovodrun --min-np/--max-np/--host-discovery-script
     # Horovod, set before hvd.init() (docs/training.md): gradients on the wire as float16 halve the bytes per step;
@@ -163,6 +176,9 @@ class ExportConfig:
     # 1.7: at 1.2, adult films of collections not in training (NIH, ieee8023) reached 1.68 x the val maximum
     # (docs/deploy.md); photos that a wider limit lets through are refused by the orientation check.
     layout_margin: float = setting(1.7, above=0.0, high=100.0)
+    # Source-profile limit = a training source's largest val-split distance x this; predict warns (never rejects)
+    # when an image is beyond every source's limit (covidxray/edge/source_profile.py).
+    source_margin: float = setting(1.0, above=0.0, high=100.0)
 
 
 @dataclass

@@ -6,7 +6,9 @@ the model needs to be used: labels, image size, preprocessing version,
 manifest sha256), CONFIG_FILE, TRAIN_LOG and CHECKPOINTS/ with the LATEST
 pointer, which is the commit point of a resumable run: it names a complete
 checkpoint folder. `export` writes SAVED_MODEL_DIR, one `tflite_name(fmt)`
-plus its `sidecar_path` per format, and EXPORT_REPORT. Every JSON file here is
+plus its `sidecar_path` per format, and EXPORT_REPORT. `evaluate` writes
+EVALUATION, and with `--external` one `external_copies_name(i)` table per
+external data set (the images dropped as copies). Every JSON file here is
 written atomically (`write_json`), so a reader sees the old or the new file.
 
 Imports only the standard library and covidxray's own light modules.
@@ -33,6 +35,11 @@ SAVED_MODEL_DIR = "saved_model"
 EXPORT_REPORT = "export_report.json"
 CONVERTER_LOG = "export_converter.log"
 DEFAULT_FORMAT = "float32"
+
+
+def external_copies_name(index: int) -> str:
+    """The table of external images `evaluate --external` dropped as copies of training images, per external set."""
+    return f"external_copies_{index + 1}.csv"
 
 
 def tflite_name(fmt: str) -> str:

@@ -7,6 +7,15 @@ Recipes (folders under --data-root, default ../shared/data):
                     Inception v3 on that folder), sensitivity and specificity of each class >= 0.90.
   chest3-merge      covid-chestxray-sample + chest-xray-pneumonia-224 + covid19-talo-sample, task `chest3`,
                     split by patient; goal: no class's sensitivity below 0.80.
+  chest3-loso       leave one source out (issue 24): covid-chestxray-aug2020-768 (all of ieee8023),
+                    chest-xray-pneumonia-224 (every 3rd file in training folds, all of it when held out; see
+                    --subsample) and covid19-talo-nih-half-512, task `chest3`. Per fold: the other two sources
+                    are prepared (train/val/test by patient), the held-out one separately; the model trains on
+                    the first and `covidxray evaluate --external` scores it on its test split (in-sample) and on
+                    every held-out image that is no copy of a training image. Macro AUC of a held-out source
+                    averages the classes it has both of and train had images of. Goals per fold: held-out
+                    macro AUC >= 0.85, held-out normal specificity >= 0.80, and with --baseline (the JSON of
+                    the recipe to beat) an in-sample macro AUC at most 0.01 below the baseline's.
 
 Steps, each the command a user types: `covidxray prepare` (reuses its decode cache and finished shards),
 `covidxray train` (wall time and peak RSS of that process, measured by a launcher), `covidxray evaluate`;
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -44,6 +54,19 @@ RECIPES = {
         "sets": [],
         "goals": {"sensitivity": 0.80},
     },
+    "chest3-loso": {
+        "sources": {
+            "covid-chestxray": "covid-chestxray-aug2020-768",
+            "chest-xray-pneumonia": "chest-xray-pneumonia-224",
+            "covid19-talo": "covid19-talo-nih-half-512",
+        },
+        "task": "chest3",
+        "sets": [],
+        "leave_one_out": True,
+        # the CPU budget: Kaggle's 5,856 films would be 80% of every training fold that holds it
+        "subsample": {"chest-xray-pneumonia": 3},
+        "goals": {"held_out_macro_auc": 0.85, "held_out_normal_specificity": 0.80, "in_sample_auc_drop": 0.01},
+    },
 }
 BOOTSTRAP_ROUNDS = 2000
 
@@ -56,11 +79,38 @@ def measured_run(cmd: list[str]) -> dict:
     return {"seconds": seconds, "peak_rss_mib": peak_rss_mib, "stderr": result.stderr}
 
 
-def point_metrics(labels: np.ndarray, probabilities: np.ndarray, class_names: list[str]) -> dict:
-    from covidxray.train.metrics import binary_rates, macro_auc
+def measured_train(args, data_dir: Path, run_dir: Path) -> dict:
+    """`covidxray train` of --model for --epochs on `data_dir` with the train.* --set overrides, measured."""
+    train_sets = [arg for s in args.sets if s.startswith("train.") for arg in ("--set", s)]
+    return measured_run(
+        _bench.covidxray(
+            "train",
+            "--data-dir",
+            str(data_dir),
+            "--run-dir",
+            str(run_dir),
+            "--model",
+            args.model,
+            "--epochs",
+            str(args.epochs),
+            *train_sets,
+        )
+    )
+
+
+def point_metrics(
+    labels: np.ndarray, probabilities: np.ndarray, class_names: list[str], auc_classes: list[int] | None = None
+) -> dict:
+    """Accuracy, macro AUC (over `auc_classes`, default all, where defined) and each class's sensitivity/specificity."""
+    from covidxray.train.metrics import binary_rates, roc_auc
 
     predicted = probabilities.argmax(1)
-    metrics = {"accuracy": float((predicted == labels).mean()), "macro_auc": macro_auc(labels, probabilities)}
+    aucs = [roc_auc(labels == c, probabilities[:, c]) for c in (auc_classes or range(len(class_names)))]
+    defined = [a for a in aucs if a is not None]
+    metrics = {
+        "accuracy": float((predicted == labels).mean()),
+        "macro_auc": float(np.mean(defined)) if defined else None,
+    }
     for c, name in enumerate(class_names):
         rates = binary_rates(labels == c, predicted == c)
         metrics[f"{name}_sensitivity"], metrics[f"{name}_specificity"] = rates["sensitivity"], rates["specificity"]
@@ -68,14 +118,19 @@ def point_metrics(labels: np.ndarray, probabilities: np.ndarray, class_names: li
 
 
 def bootstrap_intervals(
-    labels: np.ndarray, probabilities: np.ndarray, class_names: list[str], rounds: int, seed: int = 0
+    labels: np.ndarray,
+    probabilities: np.ndarray,
+    class_names: list[str],
+    rounds: int,
+    seed: int = 0,
+    auc_classes: list[int] | None = None,
 ) -> dict:
     """95% percentile intervals of every point metric over `rounds` resamples of the test images."""
     rng = np.random.default_rng(seed)
     draws: dict[str, list[float]] = {}
     for _ in range(rounds):
         pick = rng.integers(0, labels.size, labels.size)
-        for key, value in point_metrics(labels[pick], probabilities[pick], class_names).items():
+        for key, value in point_metrics(labels[pick], probabilities[pick], class_names, auc_classes).items():
             if value is not None:
                 draws.setdefault(key, []).append(value)
     return {
@@ -112,8 +167,29 @@ def main() -> None:
     )
     bench.parser.add_argument("--tag", default="", help="suffix of the run folder (ablation variants)")
     bench.parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP_ROUNDS)
+    bench.parser.add_argument(
+        "--folds", default="", help="leave-one-out recipes: the held-out sources to run, comma-separated (default: all)"
+    )
+    bench.parser.add_argument(
+        "--subsample",
+        action="append",
+        default=[],
+        metavar="SOURCE=N",
+        help="leave-one-out recipes: every N-th file of SOURCE in training folds (1: all; overrides the recipe's)",
+    )
+    bench.parser.add_argument(
+        "--baseline", type=Path, help="leave-one-out recipes: the JSON of the recipe to compare in-sample AUC with"
+    )
+    bench.parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="leave-one-out recipes: keep a fold's finished training run, re-evaluate it",
+    )
     args = bench.parse({"image_size": 64, "epochs": 1, "bootstrap": 50, "model": "small_cnn"})
     recipe = RECIPES[args.recipe]
+    if recipe.get("leave_one_out"):
+        leave_one_source_out(bench, args, recipe)
+        return
 
     data_dir = args.workdir / f"{args.recipe}-{args.image_size}"
     run_dir = (
@@ -139,21 +215,7 @@ def main() -> None:
         ),
         timeout=7200,
     )
-    train_sets = [arg for s in args.sets if s.startswith("train.") for arg in ("--set", s)]
-    trained = measured_run(
-        _bench.covidxray(
-            "train",
-            "--data-dir",
-            str(data_dir),
-            "--run-dir",
-            str(run_dir),
-            "--model",
-            args.model,
-            "--epochs",
-            str(args.epochs),
-            *train_sets,
-        )
-    )
+    trained = measured_train(args, data_dir, run_dir)
     _bench.run(_bench.covidxray("evaluate", "--data-dir", str(data_dir), "--run-dir", str(run_dir)))
 
     labels, probabilities, class_names = test_predictions(run_dir, data_dir)
@@ -217,6 +279,307 @@ def main() -> None:
                 if point.get(f"{name}_{kind}") is not None:
                     bench.at_least(f"{name} {kind}", point[f"{name}_{kind}"], goals[kind])
     bench.finish(args, results)
+
+
+# --- leave one source out -------------------------------------------------------------------------------
+
+
+def subsampled(folder: Path, every: int, out: Path) -> Path:
+    """A copy of `folder` with every `every`-th image (sorted by name) of each of its folders and every other file
+    (metadata tables); reused once complete."""
+    from covidxray.records import IMAGE_SUFFIXES
+
+    done = out / ".complete"
+    if done.is_file() and done.read_text() == f"{folder} {every}":
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    for here, names, files in os.walk(folder):
+        names.sort()
+        target = out / Path(here).relative_to(folder)
+        target.mkdir(parents=True, exist_ok=True)
+        images = sorted(f for f in files if f.lower().endswith(IMAGE_SUFFIXES) and not f.startswith("."))
+        others = [f for f in files if not f.lower().endswith(IMAGE_SUFFIXES)]
+        for name in images[::every] + others:
+            shutil.copy2(Path(here) / name, target / name)
+    done.write_text(f"{folder} {every}")
+    return out
+
+
+def _prepare(sources: dict[str, Path], task: str, size: int, data_dir: Path, sets: list[str]) -> None:
+    args = [arg for name, folder in sources.items() for arg in ("--source", f"{name}={folder}")]
+    data_sets = [arg for s in sets if s.startswith("data.") for arg in ("--set", s)]
+    _bench.run(
+        _bench.covidxray(
+            "prepare", *args, "--task", task, "--image-size", str(size), "--data-dir", str(data_dir), *data_sets
+        ),
+        timeout=7200,
+    )
+
+
+def _scored(
+    labels: np.ndarray, probabilities: np.ndarray, names: list[str], rounds: int, auc_classes: list[int]
+) -> dict:
+    return {
+        "images": int(labels.size),
+        "classes": {name: int((labels == c).sum()) for c, name in enumerate(names)},
+        "auc_classes": [names[c] for c in auc_classes],
+        "metrics": point_metrics(labels, probabilities, names, auc_classes),
+        "ci95": bootstrap_intervals(labels, probabilities, names, rounds, auc_classes=auc_classes),
+    }
+
+
+def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path, runs: Path) -> dict:
+    """Train without `held`, evaluate in-sample and on `held`; per-image figures with bootstrap intervals."""
+    import tensorflow as tf
+
+    from covidxray.manifest import load_manifest
+    from covidxray.train.external import predict_records
+
+    training_dir, held_dir, run_dir = root / f"without-{held}", root / f"only-{held}", runs / f"without-{held}"
+    sets = recipe["sets"] + args.sets
+    _prepare(
+        {name: folders[name] for name in recipe["sources"] if name != held},
+        recipe["task"],
+        args.image_size,
+        training_dir,
+        sets,
+    )
+    _prepare({held: args.data_root / recipe["sources"][held]}, recipe["task"], args.image_size, held_dir, sets)
+    if args.reuse and _trained(run_dir, args.epochs):
+        trained = json.loads((run_dir / "bench_train.json").read_text())
+    else:
+        trained = measured_train(args, training_dir, run_dir)
+        (run_dir / "bench_train.json").write_text(json.dumps({k: trained[k] for k in ("seconds", "peak_rss_mib")}))
+    evaluated = _bench.run(
+        _bench.covidxray(
+            "evaluate", "--data-dir", str(training_dir), "--run-dir", str(run_dir), "--external", str(held_dir)
+        ),
+        timeout=7200,
+    )
+    evaluation = json.loads((run_dir / "evaluation.json").read_text())
+    (external,) = evaluation["external"]
+    names = evaluation["labels"]
+    model = tf.keras.models.load_model(run_dir / "model.keras", compile=False)
+    held_probs, held_labels, _, dropped = predict_records(model, held_dir, set(external["dropped_record_ids"]))
+    labels, probabilities, _ = test_predictions(run_dir, training_dir)
+    for what, mine, theirs in (
+        ("test", (probabilities.argmax(1) == labels).mean(), evaluation["accuracy"]),
+        (held, (held_probs.argmax(1) == held_labels).mean(), external["accuracy"]),
+    ):
+        if abs(mine - theirs) > 1e-9:  # the same model on the same images: must agree
+            sys.exit(f"covidxray evaluate and this bench disagree on the {what} accuracy: {theirs} vs {mine}")
+    profile = source_profile_flags(model, training_dir, held_dir, set(external["dropped_record_ids"]))
+    train_classes = load_manifest(training_dir)["splits"]["train"]["classes"]
+    trained_classes = [c for c, name in enumerate(names) if train_classes[name]]
+    train_log = json.loads((run_dir / "train_log.json").read_text())
+    untrained = [c for c in range(len(names)) if c not in trained_classes and (held_labels == c).any()]
+    restricted = None
+    if untrained:  # what the model could have learnt: the held-out films of trained classes, among trained classes
+        keep = np.isin(held_labels, trained_classes)
+        position = {c: i for i, c in enumerate(trained_classes)}
+        subset = held_probs[keep][:, trained_classes]
+        restricted = _scored(
+            np.array([position[c] for c in held_labels[keep]]),
+            subset / subset.sum(1, keepdims=True),
+            [names[c] for c in trained_classes],
+            args.bootstrap,
+            list(range(len(trained_classes))),
+        )
+        restricted["left_out"] = {names[c]: int((held_labels == c).sum()) for c in untrained}
+    return {
+        "held_out": held,
+        "train_classes": train_classes,
+        "held_out_trained_classes": restricted,
+        "in_sample": _scored(labels, probabilities, names, args.bootstrap, trained_classes),
+        "held_out_set": {
+            **_scored(held_labels, held_probs, names, args.bootstrap, trained_classes),
+            "images_prepared": external["images_prepared"],
+            "dropped_as_copies": external["dropped_as_copies"],
+            "dropped_by_kind": external["dropped_by_kind"],
+            "dropped_unchecked": external["dropped_unchecked"],
+            "ece": external["ece"],
+        },
+        "ece_in_sample": evaluation["calibration"]["ece"],
+        "source_profile": profile,
+        "epochs_run": len(train_log["epochs"]),
+        "best_epoch": train_log["best"].get("epoch"),
+        "best_val_auc": train_log["best"].get("val_auc"),
+        "train_seconds": trained["seconds"],
+        "train_peak_rss_mib": trained["peak_rss_mib"],
+        "images_per_s": [e["images_per_s_per_rank"][0] for e in train_log["epochs"]],
+        "evaluate_stderr_tail": evaluated.stderr[-1500:],
+        "run_dir": str(run_dir),
+        "dropped_in_bench": dropped,
+    }
+
+
+def _trained(run_dir: Path, epochs: int) -> bool:
+    """A finished training run of `epochs` epochs in `run_dir` (what --reuse skips)."""
+    try:
+        log = json.loads((run_dir / "train_log.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        (run_dir / "model.keras").is_file()
+        and (run_dir / "bench_train.json").is_file()
+        and len(log["epochs"]) == epochs
+    )
+
+
+def _embeddings(served, data_dir: Path, splits: tuple[str, ...], skip: set[str] = frozenset()) -> tuple:
+    from covidxray.data.tfrecord import read_records
+    from covidxray.manifest import shard_paths
+
+    records = [r for split in splits for r in read_records(shard_paths(data_dir, split)) if r["record_id"] not in skip]
+    images = np.stack([r["image"] for r in records]).astype(np.float32)
+    return served.predict(images, batch_size=64, verbose=0)[1], np.array([r["source"] for r in records], dtype=object)
+
+
+def source_profile_flags(model, training_dir: Path, held_dir: Path, dropped: set[str]) -> dict:
+    """Share of each test set predict would warn about (covidxray/edge/source_profile.py, margin 1), the profile
+    fitted as export fits it but on the Keras model's embeddings (the float32 TFLite model's, to float precision)."""
+    from covidxray.export.source_profile import fit
+    from covidxray.export.tflite import with_embedding
+
+    served = with_embedding(model)
+    profile = fit(*_embeddings(served, training_dir, ("train",)), *_embeddings(served, training_dir, ("val",)), 1.0)
+    test, _ = _embeddings(served, training_dir, ("test",))
+    held, _ = _embeddings(served, held_dir, ("train", "val", "test"), dropped)
+    return {
+        "margin": 1.0,
+        "in_sample_test_warned": float(profile.unlike_every_source(test).mean()),
+        "held_out_warned": float(profile.unlike_every_source(held).mean()),
+    }
+
+
+def _cell(entry: dict, key: str) -> str:
+    value, ci = entry["metrics"].get(key), entry["ci95"].get(key)
+    return "n/a" if value is None else f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{value:.3f}"
+
+
+def leave_one_source_out(bench, args, recipe: dict) -> None:
+    subsample = dict(recipe.get("subsample", {}))
+    for spec in args.subsample:
+        name, _, every = spec.partition("=")
+        subsample[name] = int(every)
+    if args.quick:  # the pipeline end to end, in minutes: a sliver of every source
+        subsample = {name: 25 for name in recipe["sources"]}
+    data_tag = "-".join(s.partition("=")[2] for s in recipe["sets"] + args.sets if s.startswith("data."))
+    root = (
+        args.workdir
+        / f"{args.recipe}-{args.image_size}{'-' + data_tag if data_tag else ''}{'-quick' if args.quick else ''}"
+    )
+    runs = (
+        args.workdir
+        / "runs"
+        / f"{args.recipe}-{args.model}-{args.image_size}-{args.epochs}ep{'-' + args.tag if args.tag else ''}{'-quick' if args.quick else ''}"
+    )
+    missing = [folder for folder in recipe["sources"].values() if not (args.data_root / folder).is_dir()]
+    if missing:
+        sys.exit(f"--data-root {args.data_root}: {', '.join(missing)} not found there")
+    folders = {}
+    for name, folder in recipe["sources"].items():
+        every = subsample.get(name, 1)
+        folders[name] = (
+            args.data_root / folder
+            if every == 1
+            else subsampled(args.data_root / folder, every, args.workdir / "subsets" / f"{folder}-every{every}")
+        )
+    if args.quick:  # held out too: the quick run's held-out sets are slivers as well
+        args.data_root = args.workdir / "subsets"
+        recipe = {**recipe, "sources": {name: folders[name].name for name in recipe["sources"]}}
+    held_out = [f for f in args.folds.split(",") if f] or list(recipe["sources"])
+    unknown = sorted(set(held_out) - set(recipe["sources"]))
+    if unknown:
+        sys.exit(f"--folds {', '.join(unknown)}: not a source of {args.recipe} ({', '.join(recipe['sources'])})")
+    baseline = json.loads(args.baseline.read_text())["results"]["folds"] if args.baseline else {}
+    folds = {}
+    for held in held_out:
+        print(f"fold: {held} held out", flush=True)
+        folds[held] = run_fold(args, recipe, held, folders, root, runs)
+        bench.finish(args, _loso_results(args, recipe, subsample, folds))  # written after every fold: nothing lost
+    results = _loso_results(args, recipe, subsample, folds)
+    names = next(iter(folds.values()))["in_sample"]["classes"]
+    headers = (
+        ["fold (held out)", "test set", "images", "accuracy", "macro AUC"]
+        + [f"{name} {kind}" for name in names for kind in ("sensitivity", "specificity")]
+        + ["predict warns: unlike every training source"]
+    )
+    rows = []
+    for held, fold in folds.items():
+        warned = (fold["source_profile"]["in_sample_test_warned"], fold["source_profile"]["held_out_warned"], None)
+        restricted = fold.get("held_out_trained_classes")
+        sets = [("in-sample test", fold["in_sample"]), (f"{held} (held out)", fold["held_out_set"])]
+        if restricted:
+            left_out = ", ".join(f"{n} {name}" for name, n in restricted["left_out"].items())
+            sets.append((f"{held} (held out), trained classes only: {left_out} left out", restricted))
+        for (label, entry), share in zip(sets, warned):
+            counts = "/".join(str(entry["classes"].get(name, "-")) for name in names)
+            rows.append(
+                [held, label, counts, _cell(entry, "accuracy"), _cell(entry, "macro_auc")]
+                + [_cell(entry, f"{name}_{kind}") for name in names for kind in ("sensitivity", "specificity")]
+                + ["" if share is None else f"{share:.1%}"]
+            )
+    bench.table(
+        f"{args.recipe}: {args.model} at {args.image_size} px, {args.epochs} epochs, overrides {args.sets or 'none'}; "
+        f"images = {'/'.join(names)}; 95% bootstrap CI",
+        headers,
+        rows,
+    )
+    goals = recipe["goals"]
+    for held, fold in folds.items():
+        # a class train never saw cannot be recognised by any recipe: judged on the classes it could have learnt
+        entry = fold.get("held_out_trained_classes") or fold["held_out_set"]
+        auc, specificity = entry["metrics"]["macro_auc"], entry["metrics"].get("normal_specificity")
+        counts = f"held-out images {entry['classes']}" + (
+            f", left out (no training image of the class): {entry['left_out']}" if "left_out" in entry else ""
+        )
+        total = sum(entry["classes"].values())
+        defined = [name for name in entry["auc_classes"] if 0 < entry["classes"].get(name, 0) < total]
+        note = f"mean AUC of {', '.join(defined)} (classes train had and the source has both of); {counts}"
+        target = f">= {goals['held_out_macro_auc']}"
+        if auc is None:
+            bench.goal(f"{held} held out: macro AUC", False, None, target, "undefined: " + note)
+        else:
+            bench.at_least(f"{held} held out: macro AUC", auc, goals["held_out_macro_auc"], note)
+        sensitivity = entry["metrics"].get("normal_sensitivity")
+        detail = f"normal sensitivity {'n/a' if sensitivity is None else f'{sensitivity:.3f}'}; {counts}"
+        if specificity is None:
+            target = f">= {goals['held_out_normal_specificity']}"
+            bench.goal(f"{held} held out: normal specificity", False, None, target, "undefined: " + detail)
+        else:
+            bench.at_least(
+                f"{held} held out: normal specificity", specificity, goals["held_out_normal_specificity"], detail
+            )
+        if held in baseline:
+            before = baseline[held]["in_sample"]["metrics"]["macro_auc"]
+            after = fold["in_sample"]["metrics"]["macro_auc"]
+            bench.at_most(
+                f"{held} held out: in-sample macro AUC drop against {args.baseline.name}",
+                before - after,
+                goals["in_sample_auc_drop"],
+                f"{before:.3f} -> {after:.3f}",
+            )
+    bench.finish(args, results)
+
+
+def _loso_results(args, recipe: dict, subsample: dict, folds: dict) -> dict:
+    held = [(fold.get("held_out_trained_classes") or fold["held_out_set"])["metrics"] for fold in folds.values()]
+    aucs = [m["macro_auc"] for m in held if m["macro_auc"] is not None]
+    specificities = [m["normal_specificity"] for m in held if m.get("normal_specificity") is not None]
+    return {
+        "recipe": args.recipe,
+        "model": args.model,
+        "image_size": args.image_size,
+        "epochs": args.epochs,
+        "overrides": args.sets,
+        "sources": recipe["sources"],
+        "subsample_in_training": subsample,
+        "folds": folds,
+        "held_out_macro_auc_mean": float(np.mean(aucs)) if aucs else None,
+        "held_out_normal_specificity_min": min(specificities) if specificities else None,
+    }
 
 
 if __name__ == "__main__":

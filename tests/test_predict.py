@@ -36,7 +36,7 @@ GATE_REASONS = {
     "upside-down",
     "inverted-upside-down",
 }
-OPTIONAL = {"gradcam": str}
+OPTIONAL = {"gradcam": str, "source_profile": dict}  # source_profile: covidxray/edge/source_profile.py
 REASONS = {"missing", "empty", "unreadable", "not-xray", "unsupported", "too-large"}
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -55,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from covidxray.data import dedup, near_duplicates
+from covidxray.edge import harmonise as harmonise_method
 from covidxray.edge import preprocess, radiograph_gate
 from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
@@ -97,11 +99,10 @@ class Decoded:
         return not self.reason
 
 
-def cache_path(data_dir: Path, image_size: int) -> Path:
-    definition = json.dumps(
-        [preprocess.PREPROCESSING_VERSION, dedup.HASH_VERSION, radiograph_gate.GATE_VERSION, _SCHEMA_VERSION],
-        sort_keys=True,
-    )
+def cache_path(data_dir: Path, image_size: int, harmonise: str = harmonise_method.NONE) -> Path:
+    versions = [preprocess.PREPROCESSING_VERSION, dedup.HASH_VERSION, radiograph_gate.GATE_VERSION, _SCHEMA_VERSION]
+    # the stored PNGs are harmonised; a cache of unharmonised pixels keeps its name
+    definition = json.dumps(versions + ([harmonise] if harmonise != harmonise_method.NONE else []), sort_keys=True)
     tag = hashlib.sha256(definition.encode()).hexdigest()[:12]
     return Path(data_dir) / "cache" / f"decoded-{image_size}px-{tag}.sqlite"
 
@@ -118,8 +119,11 @@ def keep_freed_buffers() -> bool:
     return bool(mallopt and mallopt(_M_MMAP_THRESHOLD, 32 << 20) and mallopt(_M_TRIM_THRESHOLD, 64 << 20))
 
 
-def decode_one(job: Job) -> tuple[str, bytes | None, Decoded]:
-    """Worker: one file -> (path, resized PNG or None, Decoded). Never raises: one bad file must not end a run."""
+def decode_one(job: Job, harmonise: str = harmonise_method.NONE) -> tuple[str, bytes | None, Decoded]:
+    """Worker: one file -> (path, resized PNG or None, Decoded). Never raises: one bad file must not end a run.
+
+    `harmonise` (data.harmonise) changes the PNG's pixels only: the dedup signatures are of the film as decoded.
+    """
     path, size, max_pixels = job
     try:
         gray = preprocess.load_gray(path, max_pixels)
@@ -129,7 +133,8 @@ def decode_one(job: Job) -> tuple[str, bytes | None, Decoded]:
         signatures = Decoded(
             dedup.pixel_digest(gray), dedup.perceptual_hash(thumb_source), near_duplicates.features(gray)
         )
-        return path, preprocess.encode_png(small), signatures
+        pixels = small if harmonise == harmonise_method.NONE else preprocess.model_pixels(gray, size, harmonise)
+        return path, preprocess.encode_png(pixels), signatures
     except preprocess.ImageError as err:
         return path, None, Decoded(reason=err.reason, detail=err.detail)
     except Exception as err:  # decoder bugs on hostile files (cv2.error, MemoryError, ...) are that file's problem
@@ -428,8 +433,10 @@ class ImageCache:
     def decode_configured(
         self, paths: list[str], config: DataConfig, progress: Callable, log: Log
     ) -> tuple[dict[str, Decoded], dict[str, bytes]]:
-        """decode_all with data.image_size, data.workers (0: one per core), data.max_pixels and data.decode_timeout_s."""
+        """decode_all with data.image_size, data.workers (0: one per core), data.max_pixels, data.decode_timeout_s
+        and data.harmonise."""
         progress(0, len(set(paths)))
+        harmonised = config.harmonise != harmonise_method.NONE
         return self.decode_all(
             paths,
             config.image_size,
@@ -437,6 +444,7 @@ class ImageCache:
             progress,
             config.max_pixels,
             log,
+            decode=functools.partial(decode_one, harmonise=config.harmonise) if harmonised else None,
             timeout_s=config.decode_timeout_s,
         )
 

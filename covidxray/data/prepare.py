@@ -38,6 +38,7 @@ from covidxray.data.composition import composition
 from covidxray.data.image_cache import Decoded, ImageCache, cache_path
 from covidxray.data.labels import Task, get_task, require_every_class
 from covidxray.data.split import SPLITS, make_splits, patients_overlap
+from covidxray.edge import harmonise as harmonise_method
 from covidxray.edge import preprocess
 from covidxray.errors import UserError
 from covidxray.files import atomic_write, discard, output_folder, publish, sha256_file, staged_path
@@ -118,10 +119,18 @@ def plan_shards(splits: dict[str, list[Record]], records_per_shard: int) -> list
     return plan
 
 
-def _fingerprint(records: list[Record], task: Task, image_size: int, decoded: dict[str, Decoded]) -> str:
+def _fingerprint(
+    records: list[Record],
+    task: Task,
+    image_size: int,
+    decoded: dict[str, Decoded],
+    harmonise: str = harmonise_method.NONE,
+) -> str:
     """Everything a shard's bytes depend on (not where the files sit), so equal shards get equal names anywhere."""
+    definition = [task.name, image_size, dedup.HASH_VERSION, preprocess.PREPROCESSING_VERSION]
+    # harmonised pixels: another name; unharmonised shards keep theirs
     digest = hashlib.sha256(
-        json.dumps([task.name, image_size, dedup.HASH_VERSION, preprocess.PREPROCESSING_VERSION]).encode()
+        json.dumps(definition + ([harmonise] if harmonise != harmonise_method.NONE else [])).encode()
     )
     for r in records:  # surrogateescape: a name made from a file name that is not UTF-8 keeps its own bytes
         line = f"{r.record_id}|{r.source}|{r.patient_id}|{r.label}|{decoded[str(r.image)].pixel_sha256.hex()}\n"
@@ -307,7 +316,7 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
     require_every_class(
         task, Counter(task.class_of(r.label) for r in collected.records), f"sources {', '.join(config.sources)}"
     )
-    with ImageCache(cache_path(out, config.image_size), log) as cache:
+    with ImageCache(cache_path(out, config.image_size, config.harmonise), log) as cache:
         usable, decoded, contents, failed = _decode(collected.records, config, cache, progress, log)
         dropped += failed
         if not usable:
@@ -366,7 +375,7 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
         receipts, reused, staged = [], 0, {}
         try:  # beside the current data set: its manifest and shards stay valid until the switch below
             for planned, chunk in plan:
-                fingerprint = _fingerprint(chunk, task, config.image_size, decoded)
+                fingerprint = _fingerprint(chunk, task, config.image_size, decoded, config.harmonise)
                 path = shard_dir / _shard_name(planned, fingerprint)
                 receipt = _receipt_if_done(path, fingerprint, log)
                 if receipt is None:
@@ -442,6 +451,7 @@ def build_manifest(
         "labels": list(task.classes),
         "image_size": config.image_size,
         "preprocessing": preprocess.PREPROCESSING_VERSION,
+        "harmonise": config.harmonise,
         "splits": per_split,
         "patient_disjoint": not patients_overlap(splits),
         "composition": composition(per_split, list(task.classes), config.shortcut_warning_share),

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from covidxray.edge import radiograph_gate
+from covidxray.edge import harmonise, radiograph_gate, source_profile
 from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.edge.litert import TFLiteClassifier
 from covidxray.edge.preprocess import PREPROCESSING_VERSION, ImageError, as_model_input, is_dicom, load_gray
+from covidxray.edge.source_profile import SIDECAR_KEY, SourceProfile
 from covidxray.errors import UserError
 from covidxray.records import IMAGE_SUFFIXES
 
@@ -95,7 +96,11 @@ def _rejected(path: Path, reason: str, score: float, limit: float) -> dict:
 
 
 def predict_path(
-    path: Path, classifier: TFLiteClassifier, explain: Explainer | None = None, max_pixels: int = DEFAULT_MAX_PIXELS
+    path: Path,
+    classifier: TFLiteClassifier,
+    explain: Explainer | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    profile: SourceProfile | None = None,
 ) -> dict:
     try:
         if path.is_dir():
@@ -114,7 +119,7 @@ def predict_path(
     gate = radiograph_gate.check(gray)
     if not gate.passed:
         return _rejected(path, gate.reason, gate.score, gate.limit)
-    image = as_model_input(gray, classifier.image_size)
+    image = as_model_input(gray, classifier.image_size, classifier.card.get("harmonise", harmonise.NONE))
     orientation, probability, upright = classifier.orientation.orientation(image)
     if orientation != "upright":
         return _rejected(path, orientation, probability, upright)
@@ -133,6 +138,8 @@ def predict_path(
         "confidence": float(probs[best]),
         "probabilities": {label: float(p) for label, p in zip(classifier.labels, probs)},
     }
+    if profile is not None and embedding is not None:  # a warning beside the answer, never instead of it
+        result[SIDECAR_KEY] = profile.assess(embedding)
     if explain is not None:
         result["gradcam"] = str(explain(path, gray, image, best))
     return result
@@ -162,16 +169,22 @@ class Predictor:
         if threads < 1:
             raise UserError(f"--threads {threads}: give 1 or more")
         self.classifier = TFLiteClassifier(model_path, threads)
-        mismatch = preprocessing_mismatch(self.classifier.card)
+        card = self.classifier.card
+        harmonise.check_method(card.get("harmonise", harmonise.NONE), f"{model_path}'s sidecar: harmonise")
+        mismatch = preprocessing_mismatch(card)
         if mismatch:
             warn(f"{model_path} {mismatch}")
+        try:
+            self.profile = source_profile.from_card(card)
+        except ValueError as err:
+            raise UserError(f"{model_path}'s sidecar: {err}; export again") from None
         self.explain = explainer_for(self.classifier) if explainer_for is not None else None
         self.max_pixels = max_pixels
 
     def __call__(self, item: Path | ImageError) -> dict:
         if isinstance(item, ImageError):
             return error_entry(item)
-        return predict_path(item, self.classifier, self.explain, self.max_pixels)
+        return predict_path(item, self.classifier, self.explain, self.max_pixels, self.profile)
 
 
 def predict_files(paths: list[Path], model_path: Path, threads: int = 1, **options) -> list[dict]:

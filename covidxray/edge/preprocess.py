@@ -17,6 +17,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from covidxray.edge.harmonise import NONE, harmonised
 from covidxray.edge.image_header import DEFAULT_MAX_PIXELS, OPENCV_PIXEL_LIMIT, declared_size
 from covidxray.records import VOLUME_SUFFIXES
 
@@ -28,6 +29,8 @@ from covidxray.records import VOLUME_SUFFIXES
 #     MONOCHROME1 inverted; other 16-bit images min-max scaled to 8-bit
 #   resize: cv2.INTER_AREA to size x size (aspect not kept)
 #   input: float32 gray values 0..255, shape (size, size, 1); the model rescales
+# data.harmonise (covidxray/edge/harmonise.py; manifest, card and sidecar name it) may change the pixels before
+# the resize; its methods carry their own names, so version 1 with harmonise "none" is the pixels above.
 PREPROCESSING_VERSION = 1
 
 # Projection radiography (CR, DX, the common non-standard DR, RG) plus OT and no
@@ -393,9 +396,14 @@ def encode_png(gray: np.ndarray) -> bytes:
     return buffer.tobytes()
 
 
-def as_model_input(gray: np.ndarray, size: int) -> np.ndarray:
+def model_pixels(gray: np.ndarray, size: int, harmonise: str = NONE) -> np.ndarray:
+    """Decoded gray image -> the size x size uint8 image a shard holds: harmonised (data.harmonise), then resized."""
+    return resize_square(harmonised(gray, harmonise, size), size)
+
+
+def as_model_input(gray: np.ndarray, size: int, harmonise: str = NONE) -> np.ndarray:
     """Decoded gray image -> (size, size, 1) float32, identical to what training read from the shards."""
-    return resize_square(gray, size).astype(np.float32)[:, :, None]
+    return model_pixels(gray, size, harmonise).astype(np.float32)[:, :, None]
 
 
 def model_input(path: str | Path, size: int) -> np.ndarray:

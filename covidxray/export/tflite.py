@@ -29,6 +29,7 @@ from covidxray.edge.litert import EMBEDDING_OUTPUT, TFLiteClassifier
 from covidxray.edge.model_binding import bind
 from covidxray.edge.native_stderr import native_stderr_to
 from covidxray.errors import UserError
+from covidxray.export import source_profile
 from covidxray.export.c_array import write_c_array
 from covidxray.export.calibration import calibration_summary
 from covidxray.export.formats import FORMATS, check_formats
@@ -198,6 +199,9 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         # after the val split was checked (fit_calibration_and_ood)
         pixel_checks = pixel_checks or fit_pixel_checks(data_dir, manifest, config.export.layout_margin)
         sidecar.update(pixel_checks)
+        sidecar[source_profile.SIDECAR_KEY] = source_profile.sidecar_entry(
+            TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar), data_dir, config.export.source_margin
+        )
         classifier = TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar)  # calibrated, as predict will run it
         lite_probs, test_embeddings, _ = _run_split(classifier, data_dir, "test")
         lite_pred = classifier.calibrated(lite_probs).argmax(1)

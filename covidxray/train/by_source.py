@@ -55,11 +55,13 @@ def per_source_report(
     sources: np.ndarray,
     manifest: dict,
     report: Callable[[np.ndarray, np.ndarray], dict],
+    unseen: set[str] | None = None,
 ) -> dict:
     """`report(labels, probabilities)` on each source's subset of the test split, with its class counts, ECE and
-    whether train saw the source (`unseen`, `train_images`)."""
+    whether train saw the source (`unseen`, `train_images`). `manifest` is the training data's; `unseen`
+    (default: unseen_sources(manifest)) names the sources to label as never trained on."""
     names = manifest["labels"]
-    unseen = unseen_sources(manifest)
+    unseen = unseen_sources(manifest) if unseen is None else unseen
     in_train = manifest["splits"]["train"]["sources"]
     out = {}
     for source in sorted(set(sources.tolist())):

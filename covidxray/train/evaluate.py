@@ -24,7 +24,8 @@ from covidxray.errors import UserError
 from covidxray.export.keras_file import load_keras_model
 from covidxray.files import atomic_path
 from covidxray.manifest import check_model_matches, require_intact_shards, shard_paths
-from covidxray.run_folder import EVALUATION, MODEL_FILE, read_model_card, write_json
+from covidxray.run_folder import EVALUATION, MODEL_FILE, external_copies_name, read_model_card, write_json
+from covidxray.train import external
 from covidxray.train.by_source import UNSEEN, per_source_report, split_sources
 from covidxray.train.metrics import (
     binary_rates,
@@ -198,7 +199,13 @@ def plot_reliability(path: Path, calibration: dict) -> None:
     plt.close(figure)
 
 
-def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
+def evaluate(
+    config: Config,
+    say: Callable[[str], None] = print,
+    externals: list[str] | tuple[str, ...] = (),
+    progress: Callable[..., None] | None = None,
+) -> dict:
+    """The test split's report; with `externals` also each external data set's (covidxray/train/external.py)."""
     run_dir, data_dir = Path(config.train.run_dir), Path(config.data.data_dir)
     model_path = run_dir / MODEL_FILE
     card = read_model_card(run_dir)
@@ -206,6 +213,7 @@ def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
     if not manifest["splits"]["test"]["records"]:
         raise UserError(f"{data_dir}: the test split is empty")
     require_intact_shards(data_dir, manifest, ("val", "test"))
+    external.check_all(card, run_dir, data_dir, same_data, externals)
 
     model = load_keras_model(model_path)
     names, size = card["labels"], int(card["image_size"])
@@ -242,6 +250,21 @@ def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
             "data_is_training_data": same_data,
         }
     )
+    report["external"] = [
+        external.external_report(
+            model,
+            card,
+            data_dir,
+            manifest,
+            Path(external_dir),
+            config.data,
+            lambda labels, probabilities: classification_report(labels, probabilities, names, thresholds),
+            run_dir / external_copies_name(index),
+            progress,
+            say,
+        )
+        for index, external_dir in enumerate(externals)
+    ]
     write_json(run_dir / EVALUATION, report)
     plot_roc(run_dir / ROC_PLOT, test_labels, test_probs, report)
     plot_confusion(run_dir / CONFUSION_PLOT, report)
@@ -263,6 +286,9 @@ def evaluate(config: Config, say: Callable[[str], None] = print) -> dict:
     say("per source (a class recognised only across sources may be the source, not the disease):")
     for source, entry in report["per_source"].items():
         say(describe_source(source, entry))
+    for entry in report["external"]:
+        for line in external.describe(entry, describe_source):
+            say(line)
     say(f"wrote {EVALUATION}, {ROC_PLOT}, {CONFUSION_PLOT}, {RELIABILITY_PLOT} to {run_dir}")
     return report
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from covidxray.data.tfrecord import parse_example
+from covidxray.data.tfrecord import FEATURES, parse_example
 
 PREFETCH_BATCHES = 2
 
@@ -60,17 +60,29 @@ def rank_records(shards: RankShards, rank: int, size: int, training: bool, seed:
     return records.shard(size, rank) if shards.record_level else records
 
 
-def _augmenter(strength: float = 1.0):
+def _augmenter(strength: float = 1.0, degrade: float = 0.0):
     """Small affine and brightness/contrast changes; `strength` scales every range (1: the ranges below, 2: twice them).
 
     The ranges are the variation between radiographs of one kind: framing (scale, shift), patient rotation,
     exposure. Larger ones teach a model not to lean on a source's framing or exposure, at the cost of slower fitting.
+    `degrade` (train.degrade) is the probability of each degradation a collection's encoding differs by: a lower
+    resolution (downscaled to 35-90% and back), JPEG at quality 25-90, sensor noise (sigma up to 3% of full
+    scale), so that how a collection stored its films stops telling the collections apart (issue 24).
     """
     # albumentations asks PyPI for a newer version on import: every rank of every run would contact the
     # internet from a hospital network, or warn after a 2 s timeout on an air-gapped cluster.
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
     import albumentations as A
 
+    degradations = (
+        [
+            A.Downscale(scale_range=(0.35, 0.9), p=degrade),
+            A.ImageCompression(compression_type="jpeg", quality_range=(25, 90), p=degrade),
+            A.GaussNoise(std_range=(0.0, 0.03), p=degrade),
+        ]
+        if degrade
+        else []
+    )
     return A.Compose(
         [
             A.Affine(
@@ -81,12 +93,13 @@ def _augmenter(strength: float = 1.0):
                 p=0.9,
             ),
             A.RandomBrightnessContrast(brightness_limit=0.12 * strength, contrast_limit=0.12 * strength, p=0.8),
+            *degradations,
         ]
     )
 
 
-def _augment_fn(strength: float):
-    augmenter = _augmenter(strength)
+def _augment_fn(strength: float, degrade: float = 0.0):
+    augmenter = _augmenter(strength, degrade)
 
     def augment(image: np.ndarray) -> np.ndarray:
         out = augmenter(image=image.astype(np.uint8))["image"]
@@ -108,34 +121,97 @@ def make_dataset(
     shuffle_buffer: int = 512,
     seed: int = 0,
     threads: int = 0,
+    degrade: float = 0.0,
+    by_source: SourceAware | None = None,
 ) -> tuple[tf.data.Dataset, RankShards]:
     """Batches of (float32 gray 0..255 [size, size, 1], one-hot label) for this rank.
 
     Training: endless, shuffled, optionally augmented. Otherwise: one ordered
     pass (rank 0 of 1 reads the whole split). `threads` (0: TF decides) caps
-    the decode parallelism and tf.data's thread pool for this rank.
+    the decode parallelism and tf.data's thread pool for this rank. `by_source`
+    (training only): each source's records in a stream of their own, the
+    streams drawn in proportion to the sources' shares, so every batch holds
+    every source in proportion (the shards are ordered by source), with a sample
+    weight per (source, class); and/or the source index as a second input,
+    x = {"image", "source"} (covidxray/train/source_balance.py).
     """
     shards = assign_shards(paths, rank, size)
     records = rank_records(shards, rank, size, training, seed)
-    if training:
+    if training and by_source is not None and by_source.shares is not None:
+        streams = [
+            rank_records(shards, rank, size, training, seed)
+            .filter(lambda serialized, name=name: _source_of(serialized) == name)
+            .repeat()
+            .shuffle(shuffle_buffer, seed=seed + rank + index)
+            for index, name in enumerate(by_source.sources)
+        ]
+        records = tf.data.Dataset.sample_from_datasets(streams, weights=list(by_source.shares), seed=seed + rank)
+    elif training:
         records = records.repeat().shuffle(shuffle_buffer, seed=seed + rank)
     parallel = threads or tf.data.AUTOTUNE
-    ds = records.map(lambda s: parse_example(s, image_size), num_parallel_calls=parallel, deterministic=not training)
+    if by_source is not None:
+        ds = records.map(_source_parser(image_size, by_source), num_parallel_calls=parallel, deterministic=not training)
+    else:
+        ds = records.map(
+            lambda s: parse_example(s, image_size), num_parallel_calls=parallel, deterministic=not training
+        )
     if training and augment:
-        augment_fn = _augment_fn(augment_strength)
+        augment_fn = _augment_fn(augment_strength, degrade)
 
-        def apply(image, label):
+        def apply(image, label, *rest):
             out = tf.numpy_function(augment_fn, [image], tf.float32, stateful=True)
-            return tf.ensure_shape(out, [image_size, image_size, 1]), label
+            return (tf.ensure_shape(out, [image_size, image_size, 1]), label, *rest)
 
         ds = ds.map(apply, num_parallel_calls=parallel, deterministic=False)
-    ds = ds.map(lambda image, label: (image, tf.one_hot(label, num_classes)))
+    if by_source is not None:
+        ds = ds.map(
+            lambda image, label, source: by_source.example(image, tf.one_hot(label, num_classes), label, source)
+        )
+    else:
+        ds = ds.map(lambda image, label: (image, tf.one_hot(label, num_classes)))
     ds = ds.batch(batch_size).prefetch(PREFETCH_BATCHES)
     if threads:
         options = tf.data.Options()
         options.threading.private_threadpool_size = threads
         ds = ds.with_options(options)
     return ds, shards
+
+
+def _source_of(serialized: tf.Tensor) -> tf.Tensor:
+    return tf.io.parse_single_example(serialized, {"source": FEATURES["source"]})["source"]
+
+
+def _source_parser(image_size: int, by_source: SourceAware):
+    """Serialized example -> (image, label, source index); a source train never had is index len(sources)."""
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(list(by_source.sources), tf.range(len(by_source.sources), dtype=tf.int64)),
+        default_value=len(by_source.sources),
+    )
+
+    def parse(serialized):
+        image, label = parse_example(serialized, image_size)
+        return image, label, table.lookup(_source_of(serialized))
+
+    return parse
+
+
+@dataclass(frozen=True)
+class SourceAware:
+    """What the training stream knows of sources: their names (index = position), their shares of the train split
+    (None: one shuffled stream), a sample weight per (source, class) (None: no sample weights), and whether the
+    model takes the source index as a second input (the source adversary)."""
+
+    sources: tuple[str, ...]
+    shares: tuple[float, ...] | None = None
+    weights: tuple[tuple[float, ...], ...] | None = None
+    source_input: bool = False
+
+    def example(self, image, one_hot, label, source):
+        x = {"image": image, "source": source} if self.source_input else image
+        if self.weights is None:
+            return x, one_hot
+        weight = tf.gather_nd(tf.constant(self.weights, tf.float32), tf.stack([source, label]))
+        return x, one_hot, weight
 
 
 def predict_batches(model: tf.keras.Model, dataset: tf.data.Dataset, num_classes: int) -> tuple[np.ndarray, np.ndarray]:

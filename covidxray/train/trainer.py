@@ -46,6 +46,7 @@ from covidxray.run_folder import (
     write_json,
     write_latest,
 )
+from covidxray.train import source_adversary
 from covidxray.train.batchnorm import batches_per_rank, recompute_statistics
 from covidxray.train.distributed import HorovodTuning, World, check_launch_mode, init_world
 from covidxray.train.finetune import hold_fixed
@@ -54,6 +55,7 @@ from covidxray.train.metrics import cross_entropy, macro_auc
 from covidxray.train.models import build_model
 from covidxray.train.run_guard import check_before_training
 from covidxray.train.schedule import LearningRateSchedule
+from covidxray.train.source_balance import class_weights_in_stream, source_aware, train_sources
 from covidxray.train.state import MONITOR, PREDICTED_CLASSES, TrainingState
 
 KEEP_CHECKPOINTS = 2
@@ -214,8 +216,9 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
 
     def save_best_model(self, best: dict) -> None:
         model_tmp = self.run_dir / (PARTIAL + "." + MODEL_FILE)
-        inference_copy = tf.keras.models.clone_model(self.model)  # uncompiled: no (Horovod) optimizer inside
-        inference_copy.set_weights(self.model.get_weights())
+        classifier = source_adversary.inference_model(self.model)  # without a training-only source head
+        inference_copy = tf.keras.models.clone_model(classifier)  # uncompiled: no (Horovod) optimizer inside
+        inference_copy.set_weights(classifier.get_weights())
         inference_copy.save(str(model_tmp))
         os.replace(model_tmp, self.run_dir / MODEL_FILE)
         write_json(self.run_dir / MODEL_CARD, {**self.card, "best": best})
@@ -304,6 +307,9 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
     tf.keras.utils.set_random_seed(cfg.seed)
     model = build_model(cfg.model, image_size, len(labels), cfg.weights)
     hold_fixed(model, cfg)
+    steps = max(1, train_records // (cfg.batch_size * world.size)) * cfg.epochs
+    model = source_adversary.wrap(model, len(train_sources(manifest)), cfg.source_adversary, steps)  # or the model
+    by_source = source_aware(cfg, manifest, source_input=model is not source_adversary.inference_model(model))
     optimizer = world.distributed_optimizer(tf.keras.optimizers.Adam(cfg.learning_rate))
     loss = tf.keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing)
     model.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
@@ -324,6 +330,7 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
         "task": manifest["task"],
         "model": cfg.model,
         "preprocessing": PREPROCESSING_VERSION,
+        "harmonise": manifest.get("harmonise", "none"),  # predict makes its input like the shards' (edge/harmonise.py)
         "manifest_sha256": manifest_sha256(data_dir),
     }
     weights = (
@@ -350,6 +357,8 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
             augment_strength=cfg.augment_strength,
             shuffle_buffer=cfg.shuffle_buffer,
             seed=cfg.seed,
+            degrade=cfg.degrade,
+            by_source=by_source,
             **data_args,
         )
         val_ds, _ = make_dataset(shard_paths(data_dir, "val"), **data_args)
@@ -414,7 +423,7 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
                 epochs=cfg.epochs,
                 initial_epoch=start.epoch,
                 steps_per_epoch=steps_per_epoch,
-                class_weight=weights,
+                class_weight=None if class_weights_in_stream(cfg) else weights,
                 callbacks=callbacks,
                 verbose=1 if world.is_root and os.isatty(1) else 0,
             )
