@@ -14,6 +14,7 @@ import errno
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -218,13 +219,15 @@ def test_a_file_given_as_data_dir_or_run_dir_is_named(talo, synthetic_data, tmp_
 # ------------------------------------------------------------------ 7.8: a class with no training images
 
 
-def test_a_class_without_images_stops_prepare_and_train_naming_it(tmp_path, synthetic_data):
+def test_a_class_without_images_is_named_by_prepare_and_stops_train(tmp_path, synthetic_data):
+    """Prepare warns (such a data set still serves as an external test set); train refuses it."""
     kaggle = build_kaggle(tmp_path / "kaggle").root
-    with pytest.raises(UserError, match=r"no 'covid-19' image for task chest3 .*--task pneumonia"):
-        prepare(
-            prepare_config(tmp_path / "d", {"chest-xray-pneumonia": {"from_path": str(kaggle)}}), log=lambda _: None
-        )
-    assert not (tmp_path / "d" / "manifest.json").exists()
+    said = []
+    prepare(prepare_config(tmp_path / "d", {"chest-xray-pneumonia": {"from_path": str(kaggle)}}), log=said.append)
+    assert any(re.search(r"warning: .*no 'covid-19' image for task chest3 .*--task pneumonia", line) for line in said)
+    assert load_manifest(tmp_path / "d")["splits"]["train"]["classes"]["covid-19"] == 0
+    result = run_cli("train", "--data-dir", str(tmp_path / "d"), "--run-dir", str(tmp_path / "r0"), "--epochs", "1")
+    assert "train split has no 'covid-19' image for task chest3" in clear_error(result)
 
     data_dir = tmp_path / "no-covid"
     shutil.copytree(synthetic_data, data_dir)

@@ -68,20 +68,25 @@ def get_task(name: str) -> Task:
     return TASKS.get(name)
 
 
-def require_every_class(task: Task, counts: Mapping[str, int], where: str) -> None:
-    """UserError naming each class of `task` with no image in `counts` (class -> images) and what to do about it.
-
-    A model with an output it never saw trained would still print a probability for it.
-    """
+def missing_classes(task: Task, counts: Mapping[str, int], where: str) -> str | None:
+    """What is wrong when a class of `task` has no image in `counts` (class -> images), and what to do; None if none."""
     missing = [c for c in task.classes if not counts.get(c)]
     if not missing:
-        return
+        return None
     present = {c for c in task.classes if counts.get(c)}
     fitting = [name for name in TASKS if name != task.name and set(TASKS.get(name).classes) <= present]
     instead = f" (e.g. --task {fitting[0]}: {', '.join(TASKS.get(fitting[0]).classes)})" if fitting else ""
-    raise UserError(
+    return (
         f"{where} has no {' and no '.join(repr(c) for c in missing)} image for task {task.name} "
-        f"(classes {', '.join(task.classes)}), so the model would have an output trained on nothing. "
+        f"(classes {', '.join(task.classes)}), so a model trained on it would have an output trained on nothing. "
         f"Add a source with such images (`covidxray sources`), choose a task without that class{instead}, "
         "or map a source's finding to it with data.label_overrides"
     )
+
+
+def require_every_class(task: Task, counts: Mapping[str, int], where: str) -> None:
+    """UserError when a class of `task` has no image in `counts`: a model with an output it never saw trained
+    would still print a probability for it."""
+    message = missing_classes(task, counts, where)
+    if message:
+        raise UserError(message)

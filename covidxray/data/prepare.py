@@ -36,7 +36,7 @@ from covidxray.config import DataConfig
 from covidxray.data import audit, dedup
 from covidxray.data.composition import composition
 from covidxray.data.image_cache import Decoded, ImageCache, cache_path
-from covidxray.data.labels import Task, get_task, require_every_class
+from covidxray.data.labels import Task, get_task, missing_classes
 from covidxray.data.split import SPLITS, make_splits, patients_overlap
 from covidxray.edge import harmonise as harmonise_method
 from covidxray.edge import preprocess
@@ -313,9 +313,13 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
         log(line)
     if not collected.records:
         raise _no_records("records", task, config, dropped)
-    require_every_class(
+    # A data set without some class still serves as an external test set (`evaluate --external`): prepare warns,
+    # `train` refuses it.
+    lacking = missing_classes(
         task, Counter(task.class_of(r.label) for r in collected.records), f"sources {', '.join(config.sources)}"
     )
+    if lacking:
+        log(f"warning: {lacking}. `covidxray train` refuses such a data set; it can serve as an external test set")
     with ImageCache(cache_path(out, config.image_size, config.harmonise), log) as cache:
         usable, decoded, contents, failed = _decode(collected.records, config, cache, progress, log)
         dropped += failed
@@ -350,7 +354,10 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
             config.test_fraction,
             config.seed,
         )
-        require_every_class(task, Counter(task.class_of(r.label) for r in splits["train"]), "the train split")
+        if not lacking and (
+            short := missing_classes(task, Counter(task.class_of(r.label) for r in splits["train"]), "the train split")
+        ):
+            log(f"warning: {short}. `covidxray train` refuses such a data set")
         if split_report.get("patients_moved_to_test"):
             log(
                 f"{split_report['patients_moved_to_test']} patient(s) had images on both sides of the {split_report['mode']} split: "
