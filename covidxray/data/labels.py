@@ -68,7 +68,7 @@ def get_task(name: str) -> Task:
     return TASKS.get(name)
 
 
-def require_every_class(task: Task, counts: Mapping[str, int], where: str) -> None:
+def require_every_class(task: Task, counts: Mapping[str | None, int], where: str) -> None:
     """UserError naming each class of `task` with no image in `counts` (class -> images) and what to do about it.
 
     A model with an output it never saw trained would still print a probability for it.

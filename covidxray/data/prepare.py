@@ -28,7 +28,7 @@ import json
 import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +55,7 @@ from covidxray.records import Dropped, Record
 from covidxray.sources import build_source
 from covidxray.sources.archive import ExtractLimits
 from covidxray.sources.descriptors import dedup_priority
+from covidxray.sources.fetch import DescribedSource
 from covidxray.sources.layout import OUTSIDE, within
 from covidxray.sources.unmapped import override_hint
 
@@ -88,7 +89,8 @@ def collect_records(config: DataConfig, task: Task, cache_dir: Path) -> Collecte
     for name, options in config.sources.items():
         source = build_source(name, options)
         source.label_overrides = config.label_overrides
-        source.extract_limits = ExtractLimits.of(config)
+        if isinstance(source, DescribedSource):  # the sources that unpack archives
+            source.extract_limits = ExtractLimits.of(config)
         root = source.fetch(cache_dir / name)
         found = 0
         for item in source.records(root):
@@ -202,7 +204,7 @@ def stage_tables(
 ) -> dict[str, Path]:
     """splits.csv, dropped.csv and duplicates.csv of the new data set, each written in full beside its final name
     (`<name>.partial`) to be published after the manifest switch: table name -> staged file."""
-    tables = {
+    tables: dict[str, tuple[list[str], Iterable[Iterable[object]]]] = {
         SPLIT_TABLE: (
             ["split", "patient_id", "source", "label", "class", "view", "image"],
             (
