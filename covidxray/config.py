@@ -198,7 +198,7 @@ class Config:
 
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
     origin = typing.get_origin(annotation)
-    if dataclasses.is_dataclass(annotation):
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return from_dict(annotation, value, where)
@@ -211,7 +211,9 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         item_type = typing.get_args(annotation)[1]
-        empty = {} if typing.get_origin(item_type) is dict else None  # `name:` with nothing after it: no options
+        empty: dict | None = (
+            {} if typing.get_origin(item_type) is dict else None
+        )  # `name:` with nothing after it: no options
         return {
             str(k): _coerce(empty if v is None and empty is not None else v, item_type, f"{where}.{k}")
             for k, v in value.items()
@@ -282,7 +284,7 @@ def parse_override(text: str) -> dict[str, Any]:
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r}: expected section.key=value, e.g. train.epochs=3")
     value = _read_yaml(raw, f"--set {key.strip()}") if raw.strip() else ""
-    nested: dict[str, Any] = value
+    nested: Any = value  # the innermost value is any YAML scalar or collection; each level wraps it in a mapping
     for part in reversed(key.strip().split(".")):
         nested = {part: nested}
     return nested

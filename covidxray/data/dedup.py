@@ -257,10 +257,18 @@ def deduplicate(
         conflict = len({order[i].label for i in [root, *copies]}) > 1
         drop_all = conflict and label_conflicts == "drop"
         for i in sorted(copies):
-            partner, *match = how[i]
+            partner, kind, distance, evidence = how[i]
             kept_in_its_place = root if partner in removed else partner  # the image it matched, unless that went too
             duplicates.append(
-                Duplicate(order[i], order[kept_in_its_place], *match, label_conflict=conflict, kept_too=not drop_all)
+                Duplicate(
+                    order[i],
+                    order[kept_in_its_place],
+                    kind,
+                    distance,
+                    evidence,
+                    label_conflict=conflict,
+                    kept_too=not drop_all,
+                )
             )
         if drop_all:
             twin = min(i for i in copies if order[i].label != order[root].label)

@@ -63,6 +63,8 @@ from covidxray.errors import UserError
 from covidxray.files import sha256_file
 
 if TYPE_CHECKING:
+    from multiprocessing.queues import SimpleQueue
+
     from covidxray.config import DataConfig
 
 _SCHEMA_VERSION = 3  # 3: + near-duplicate features; 2: keyed by content sha256 (1 was path, size, mtime)
@@ -174,7 +176,9 @@ def _timed_out(timeout_s: float) -> Decoded:
     )
 
 
-_start_reports = None  # in a decode worker: where it reports each job it starts (see _PoolRun)
+_start_reports: (
+    SimpleQueue  # set in each decode worker by _start_worker: where it reports each job it starts (see _PoolRun)
+)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -222,7 +226,7 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
     for process in processes:
         process.kill()
     if results is not None:
-        results._writer.close()
+        results._writer.close()  # type: ignore[attr-defined]  # the executor's private pipe end; no public way to close it
 
 
 class _PoolRun:

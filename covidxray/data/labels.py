@@ -68,7 +68,7 @@ def get_task(name: str) -> Task:
     return TASKS.get(name)
 
 
-def missing_classes(task: Task, counts: Mapping[str, int], where: str) -> str | None:
+def missing_classes(task: Task, counts: Mapping[str | None, int], where: str) -> str | None:
     """What is wrong when a class of `task` has no image in `counts` (class -> images), and what to do; None if none."""
     missing = [c for c in task.classes if not counts.get(c)]
     if not missing:
@@ -84,7 +84,7 @@ def missing_classes(task: Task, counts: Mapping[str, int], where: str) -> str | 
     )
 
 
-def require_every_class(task: Task, counts: Mapping[str, int], where: str) -> None:
+def require_every_class(task: Task, counts: Mapping[str | None, int], where: str) -> None:
     """UserError when a class of `task` has no image in `counts`: a model with an output it never saw trained
     would still print a probability for it."""
     message = missing_classes(task, counts, where)

@@ -172,7 +172,7 @@ def features(gray: np.ndarray) -> bytes:
     keypoints = _spread_out(_off_overlays(orb.detect(small, None), trimmed), small.shape[1], small.shape[0])
     keypoints, descriptors = orb.compute(small, keypoints)
     if descriptors is None:
-        keypoints, descriptors = (), np.zeros((0, 32), np.uint8)
+        keypoints, descriptors = [], np.zeros((0, 32), np.uint8)
     mirror_width = small.shape[1]
     # The mirror image has the mirrored keypoints (FAST and Harris are symmetric); only descriptors need computing.
     mirrored_keypoints = [
@@ -184,7 +184,7 @@ def features(gray: np.ndarray) -> bytes:
         mirror_x = {round(k.pt[0], 2) for k in kept}
         common = [i for i, k in enumerate(mirrored_keypoints) if round(k.pt[0], 2) in mirror_x]
         keypoints, descriptors = [keypoints[i] for i in common], descriptors[common]
-    points = np.float16([k.pt for k in keypoints]).reshape(-1, 2)
+    points = np.array([k.pt for k in keypoints], np.float16).reshape(-1, 2)
     header = np.array([(len(points), small.shape[1], small.shape[0])], _HEADER)
     mirrored = mirrored if mirrored is not None else np.zeros((0, 32), np.uint8)
     return header.tobytes() + points.tobytes() + descriptors.tobytes() + mirrored.tobytes()

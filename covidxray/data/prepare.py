@@ -28,7 +28,7 @@ import json
 import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +55,7 @@ from covidxray.records import Dropped, Record
 from covidxray.sources import build_source
 from covidxray.sources.archive import ExtractLimits
 from covidxray.sources.descriptors import dedup_priority
+from covidxray.sources.fetch import DescribedSource
 from covidxray.sources.layout import OUTSIDE, within
 from covidxray.sources.unmapped import override_hint
 
@@ -88,7 +89,8 @@ def collect_records(config: DataConfig, task: Task, cache_dir: Path) -> Collecte
     for name, options in config.sources.items():
         source = build_source(name, options)
         source.label_overrides = config.label_overrides
-        source.extract_limits = ExtractLimits.of(config)
+        if isinstance(source, DescribedSource):  # the sources that unpack archives
+            source.extract_limits = ExtractLimits.of(config)
         root = source.fetch(cache_dir / name)
         found = 0
         for item in source.records(root):
@@ -202,7 +204,7 @@ def stage_tables(
 ) -> dict[str, Path]:
     """splits.csv, dropped.csv and duplicates.csv of the new data set, each written in full beside its final name
     (`<name>.partial`) to be published after the manifest switch: table name -> staged file."""
-    tables = {
+    tables: dict[str, tuple[list[str], Iterable[Iterable[object]]]] = {
         SPLIT_TABLE: (
             ["split", "patient_id", "source", "label", "class", "view", "image"],
             (
@@ -287,6 +289,15 @@ def _no_records(what: str, task: Task, config: DataConfig, dropped: list[tuple[s
     return UserError(f"no usable {what} for task {task.name} in sources {', '.join(config.sources)}{hint}")
 
 
+def _warn_of_missing_classes(task: Task, records: list[Record], where: str, log: Callable[[str], None]) -> bool:
+    """Whether a class of `task` has no image in `records`, said as a warning: such a data set still serves as an
+    external test set (`evaluate --external`, a held-out source), and `train` refuses it."""
+    message = missing_classes(task, Counter(task.class_of(r.label) for r in records), where)
+    if message:
+        log(f"warning: {message}. `covidxray train` refuses such a data set; it can serve as an external test set")
+    return message is not None
+
+
 def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[[str], None] = print) -> dict:
     """Run the whole preparation; returns the manifest it wrote."""
     started = time.time()
@@ -313,13 +324,7 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
         log(line)
     if not collected.records:
         raise _no_records("records", task, config, dropped)
-    # A data set without some class still serves as an external test set (`evaluate --external`): prepare warns,
-    # `train` refuses it.
-    lacking = missing_classes(
-        task, Counter(task.class_of(r.label) for r in collected.records), f"sources {', '.join(config.sources)}"
-    )
-    if lacking:
-        log(f"warning: {lacking}. `covidxray train` refuses such a data set; it can serve as an external test set")
+    lacking = _warn_of_missing_classes(task, collected.records, f"sources {', '.join(config.sources)}", log)
     with ImageCache(cache_path(out, config.image_size, config.harmonise), log) as cache:
         usable, decoded, contents, failed = _decode(collected.records, config, cache, progress, log)
         dropped += failed
@@ -354,10 +359,8 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
             config.test_fraction,
             config.seed,
         )
-        if not lacking and (
-            short := missing_classes(task, Counter(task.class_of(r.label) for r in splits["train"]), "the train split")
-        ):
-            log(f"warning: {short}. `covidxray train` refuses such a data set")
+        if not lacking:
+            _warn_of_missing_classes(task, splits["train"], "the train split", log)
         if split_report.get("patients_moved_to_test"):
             log(
                 f"{split_report['patients_moved_to_test']} patient(s) had images on both sides of the {split_report['mode']} split: "

@@ -42,7 +42,8 @@ def split_by_patient(
         by_patient[record.patient_id].append(record)
     by_class: dict[str, list[str]] = defaultdict(list)
     for patient, images in sorted(by_patient.items()):
-        majority = Counter(task.class_of(r.label) for r in images).most_common(1)[0][0]
+        # prepare keeps only records of the task's classes, so every image here has one
+        majority = Counter(c for r in images if (c := task.class_of(r.label)) is not None).most_common(1)[0][0]
         by_class[majority].append(patient)
 
     rng = np.random.default_rng(seed)

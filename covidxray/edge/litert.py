@@ -37,11 +37,9 @@ PAIR_READS, PAIR_RETRY_S = 3, 0.5  # a pair read between export's two renames ma
 
 
 def _sidecar_problem(
-    card, num_classes: int, input_shape: list[int], embedding_dim: int | None, required=REQUIRED_KEYS
+    card: dict, num_classes: int, input_shape: list[int], embedding_dim: int | None, required=REQUIRED_KEYS
 ) -> str | None:
     """What makes `card` unusable with this model, or None. Checked before any probability is shown."""
-    if not isinstance(card, dict):
-        return f"holds a JSON {type(card).__name__}, not an object"
     missing = [key for key in required if key not in card]
     if missing:
         gate = (
@@ -107,8 +105,9 @@ class TFLiteClassifier:
 
         self.path = Path(model_path)
         bound = flatbuffer is None
-        if bound:
-            flatbuffer, card = self._read_pair()
+        sidecar: object = card
+        if flatbuffer is None:
+            flatbuffer, sidecar = self._read_pair()
         with native_stderr_to(None):  # the XNNPACK banner
             try:
                 self.interpreter = Interpreter(model_content=flatbuffer, num_threads=threads)
@@ -118,12 +117,15 @@ class TFLiteClassifier:
                     f"{self.path} is not a usable TFLite model ({' '.join(str(err).split())}): copy it again from the export, or export again"
                 ) from None
         if bound:
-            self._check_binding(flatbuffer, card)
+            self._check_binding(flatbuffer, sidecar)
         self.input = self.interpreter.get_input_details()[0]
         outputs = self._named_outputs()
         self.output = outputs.get("probabilities", self.interpreter.get_output_details()[0])
         self.embedding_output = outputs.get(EMBEDDING_OUTPUT)
         embedding_dim = int(self.embedding_output["shape"][-1]) if self.embedding_output else None
+        if not isinstance(sidecar, dict):
+            raise self._unusable(f"holds a JSON {type(sidecar).__name__}, not an object")
+        card = sidecar
         problem = _sidecar_problem(
             card,
             int(self.output["shape"][-1]),
@@ -132,9 +134,7 @@ class TFLiteClassifier:
             REQUIRED_KEYS if bound else ("labels", "image_size"),
         )
         if problem:
-            raise UserError(
-                f"sidecar {sidecar_path(self.path)} {problem}: copy the sidecar written by the same `covidxray export` as {self.path.name}, or export again"
-            )
+            raise self._unusable(problem)
         self.card = card
         self.labels: list[str] = card["labels"]
         self.image_size: int = int(card["image_size"])
@@ -144,7 +144,19 @@ class TFLiteClassifier:
         self.layout = LayoutModel.from_sidecar(card["layout"]) if "layout" in card else None
         self.orientation = OrientationModel.from_sidecar(card["orientation"]) if "orientation" in card else None
 
-    def _read_pair(self) -> tuple[bytes, dict]:
+    def _unusable(self, problem: str) -> UserError:
+        return UserError(
+            f"sidecar {sidecar_path(self.path)} {problem}: copy the sidecar written by the same `covidxray export` as {self.path.name}, or export again"
+        )
+
+    def gates(self) -> tuple[OodModel, LayoutModel, OrientationModel]:
+        """The input gate's three fits. Every sidecar predict reads has them (REQUIRED_KEYS); only export's card
+        lacks them, before its fits."""
+        if self.ood is None or self.layout is None or self.orientation is None:
+            raise self._unusable("lacks a fit of the input gate (ood, layout or orientation)")
+        return self.ood, self.layout, self.orientation
+
+    def _read_pair(self) -> tuple[bytes, object]:
         """The model's bytes and its sidecar, read again once when they do not match: `export` replaces the two
         files one after the other (covidxray/export/tflite.py), so a reader can fall between the two renames."""
         if not self.path.is_file():
@@ -162,10 +174,10 @@ class TFLiteClassifier:
             time.sleep(PAIR_RETRY_S)
         return flatbuffer, card
 
-    def _check_binding(self, flatbuffer: bytes, card) -> None:
+    def _check_binding(self, flatbuffer: bytes, card: object) -> None:
         card_path = sidecar_path(self.path)
         if not isinstance(card, dict):
-            return  # _sidecar_problem names it
+            return  # the constructor names it
         if TFLITE_SHA256 not in card:
             raise UserError(
                 f"sidecar {card_path} lacks tflite_sha256, so nothing ties it to {self.path.name}: copy the sidecar written by the same `covidxray export`, or export again"
@@ -198,7 +210,7 @@ class TFLiteClassifier:
         runner = self.interpreter.get_signature_runner(next(iter(signatures)))
         return dict(runner.get_output_details())
 
-    def _read_card(self):
+    def _read_card(self) -> object:
         card = sidecar_path(self.path)
         if not card.is_file():
             raise UserError(f"{card} missing: a .tflite needs the sidecar JSON `covidxray export` writes beside it")

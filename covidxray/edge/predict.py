@@ -14,6 +14,7 @@ is handed in by the caller as an `ExplainerFor`.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -119,17 +120,19 @@ def predict_path(
     gate = radiograph_gate.check(gray)
     if not gate.passed:
         return _rejected(path, gate.reason, gate.score, gate.limit)
+    ood, layout_fit, orientation_fit = classifier.gates()
     image = as_model_input(gray, classifier.image_size, classifier.card.get("harmonise", harmonise.NONE))
-    orientation, probability, upright = classifier.orientation.orientation(image)
+    orientation, probability, upright = orientation_fit.orientation(image)
     if orientation != "upright":
         return _rejected(path, orientation, probability, upright)
     raw, embedding = classifier.infer(image)
     distance = classifier.ood_distance(embedding)
-    if distance > classifier.ood.threshold:
-        return _rejected(path, OOD_REASON, distance, classifier.ood.threshold)
-    layout = classifier.layout.score(image)
-    if layout > classifier.layout.threshold:
-        return _rejected(path, LAYOUT_REASON, layout, classifier.layout.threshold)
+    # None (no embedding to judge) cannot pass the gate; the sidecar check already refuses such a model
+    if distance is None or distance > ood.threshold:
+        return _rejected(path, OOD_REASON, math.inf if distance is None else distance, ood.threshold)
+    layout = layout_fit.score(image)
+    if layout > layout_fit.threshold:
+        return _rejected(path, LAYOUT_REASON, layout, layout_fit.threshold)
     probs = classifier.calibrated(raw)
     best = int(probs.argmax())
     result = {

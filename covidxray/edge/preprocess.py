@@ -233,7 +233,7 @@ _BARE_DATASET_NEEDS = ("Rows", "Columns", "BitsAllocated", "PixelData")
 def _read_bare_dataset(path: Path):
     """A data set with no preamble and no file meta header, or ImageError when it is not one."""
     import pydicom
-    from pydicom.uid import ExplicitVRBigEndian, ExplicitVRLittleEndian, ImplicitVRLittleEndian
+    from pydicom.uid import UID, ExplicitVRBigEndian, ExplicitVRLittleEndian, ImplicitVRLittleEndian
 
     not_dicom = "not a DICOM file (no DICOM preamble and file meta header, and not a bare DICOM image data set)"
     try:
@@ -254,7 +254,8 @@ def _read_bare_dataset(path: Path):
             "compressed DICOM pixel data without a file meta header: its transfer syntax is unknown",
         )
     # Native pixels are read with the encoding the elements were found in.
-    syntax = {
+    # original_encoding is (is_implicit_VR, is_little_endian), each None when the elements never said
+    syntax: dict[tuple[bool | None, ...], UID] = {
         (True, True): ImplicitVRLittleEndian,
         (False, True): ExplicitVRLittleEndian,
         (False, False): ExplicitVRBigEndian,
@@ -379,7 +380,9 @@ def load_gray(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndar
             ) from None
     else:
         gray = _load_raster(path, max_pixels)
-    _check_pixel_count(path, gray.shape[::-1], max_pixels, "decodes to")  # formats whose header is not parsed
+    _check_pixel_count(
+        path, (gray.shape[1], gray.shape[0]), max_pixels, "decodes to"
+    )  # formats whose header is not parsed
     if min(gray.shape[:2]) < 16:
         raise ImageError("unreadable", path, f"image too small ({gray.shape[1]}x{gray.shape[0]})")
     return gray

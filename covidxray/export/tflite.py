@@ -18,6 +18,7 @@ import json
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -173,7 +174,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         saved_model = write_saved_model(with_embedding(model), run_dir)
     say(f"SavedModel: {saved_model}")
 
-    report = {
+    report: dict[str, Any] = {
         "keras": {
             "file": MODEL_FILE,
             "bytes": model_path.stat().st_size,
@@ -205,6 +206,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         classifier = TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar)  # calibrated, as predict will run it
         lite_probs, test_embeddings, _ = _run_split(classifier, data_dir, "test")
         lite_pred = classifier.calibrated(lite_probs).argmax(1)
+        ood, layout_fit, orientation_fit = classifier.gates()
         entry = {
             "file": out.name,
             "agreement": float((lite_pred == keras_pred).mean()),
@@ -212,15 +214,11 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             "temperature": sidecar["temperature"]["value"],
             "val_ece_before_after": [sidecar["temperature"]["ece_before"], sidecar["temperature"]["ece_after"]],
             "ood_threshold": sidecar["ood"]["threshold"],
-            "test_over_ood_threshold": float(
-                (classifier.ood.distances(test_embeddings) > classifier.ood.threshold).mean()
-            ),
+            "test_over_ood_threshold": float((ood.distances(test_embeddings) > ood.threshold).mean()),
             "layout_threshold": pixel_checks["layout"]["threshold"],
-            "test_over_layout_threshold": float(
-                (classifier.layout.scores(test_images) > classifier.layout.threshold).mean()
-            ),
+            "test_over_layout_threshold": float((layout_fit.scores(test_images) > layout_fit.threshold).mean()),
             "test_not_upright": float(
-                np.mean([classifier.orientation.orientation(image)[0] != "upright" for image in test_images])
+                np.mean([orientation_fit.orientation(image)[0] != "upright" for image in test_images])
             ),
         }
         entry["accuracy_delta"] = entry["accuracy"] - report["keras"]["accuracy"]

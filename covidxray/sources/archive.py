@@ -33,6 +33,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, cast
 
 from covidxray.errors import UserError
 
@@ -201,7 +202,8 @@ def _copy_tar_member(
     target.parent.mkdir(parents=True, exist_ok=True)
     # Its first bytes may come from the compressed block read for the member before it: credit it one block.
     start, written = compressed.consumed - _TAR_READ_BYTES, 0
-    with bundle.extractfile(member) as source, open(target, "wb") as out:
+    # Only regular files come here (the caller checks isfile()), and for those extractfile never returns None.
+    with cast(IO[bytes], bundle.extractfile(member)) as source, open(target, "wb") as out:
         for block in iter(lambda: source.read(_COPY_BLOCK), b""):
             written += len(block)
             budget.check_ratio(member.name, written, compressed.consumed - start)
@@ -240,7 +242,7 @@ def extract(
     archive: Path,
     target: Path,
     say: Say = print,
-    verify: Callable[[Path], None] | None = None,
+    verify: Callable[[Path], object] | None = None,
     limits: ExtractLimits | None = None,
 ) -> Path:
     """Unpack `archive` into `target` unless it already holds this very archive; returns `target`.

@@ -31,7 +31,7 @@ CREDENTIALS_HELP = (
 )
 
 
-def _causes(err: BaseException) -> Iterator[BaseException]:
+def _causes(err: BaseException | None) -> Iterator[BaseException]:
     """`err` and the exceptions it was raised from or while handling (clients wrap connection errors)."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:

@@ -73,6 +73,7 @@ class CovidChestXraySource(DescribedSource):
     name = "covid-chestxray"
     archive_key = "github-master"
     Options: ClassVar[type[SourceOptions]] = CovidChestXrayOptions
+    options: CovidChestXrayOptions
 
     def is_root(self, folder: Path) -> bool:
         return (folder / METADATA).is_file() and (folder / "images").is_dir()

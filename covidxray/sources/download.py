@@ -79,8 +79,8 @@ def _transfer(url: str, partial: Path, timeout: float, meter: _Meter) -> None:
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as err:
         if err.code == 416 and offset:  # nothing left to send: the partial file may already be whole
-            total = err.headers.get("Content-Range", "").rpartition("/")[2]
-            if total.isdigit() and int(total) == offset:
+            promised = err.headers.get("Content-Range", "").rpartition("/")[2]
+            if promised.isdigit() and int(promised) == offset:
                 return
             partial.unlink()
             raise _Retry(f"server refused to resume at byte {offset}; starting over") from None

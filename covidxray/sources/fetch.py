@@ -38,6 +38,7 @@ class DescribedSource(Source):
     """An adapter whose collection is described by `datasets/<name>.yaml`."""
 
     Options: ClassVar[type[SourceOptions]] = DownloadOptions
+    options: DownloadOptions  # each adapter narrows this to its own Options (built from that class, see Source)
     archive_key: ClassVar[str] = ""
 
     def __init__(self, options: SourceOptions | None = None):

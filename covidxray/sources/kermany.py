@@ -33,6 +33,7 @@ class KermanyOptions(DownloadOptions):
 class KermanySource(DescribedSource):
     name = "kermany"
     Options = KermanyOptions
+    options: KermanyOptions
 
     def __init__(self, options: SourceOptions | None = None):
         super().__init__(options)

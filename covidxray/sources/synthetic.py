@@ -164,6 +164,7 @@ def generate(root: Path, options: SyntheticOptions) -> None:
 class SyntheticSource(Source):
     name = "synthetic"
     Options = SyntheticOptions
+    options: SyntheticOptions
 
     def fetch(self, cache_dir: Path) -> Path:
         if self.options.from_path:

@@ -106,7 +106,11 @@ def records(
                 if not name_agrees_with_folder(token, class_dir.name):
                     yield Dropped("file name and class folder disagree", str(item), f"{token} in {class_dir.name}")
                     continue
-                label = descriptor.label_for(f"{prefix}{class_dir.name}" + (f"/{token}" if token else ""))
+                finding = f"{prefix}{class_dir.name}" + (f"/{token}" if token else "")
+                label = descriptor.label_for(finding)
+                if label is None:  # a token the map cannot place under its known folder (e.g. a comma list)
+                    yield Dropped("unknown finding", str(item), finding)
+                    continue
                 patient_id = f"{source}:{prefix.replace('/', ':')}{patient}"
                 yield Record(
                     image=item, label=label, patient_id=patient_id, source=source, view=view, original_split=split

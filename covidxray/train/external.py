@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +84,9 @@ def check_fits(card: dict, manifest: dict, external_dir: Path) -> None:
         "preprocessing": card.get("preprocessing"),
         "harmonise": card.get("harmonise", "none"),
     }
-    found = {key: manifest.get(key) for key in PIXEL_SETTINGS} | {"harmonise": manifest.get("harmonise", "none")}
+    found: dict[str, Any] = {key: manifest.get(key) for key in PIXEL_SETTINGS} | {
+        "harmonise": manifest.get("harmonise", "none")
+    }
     found["image_size"] = int(found["image_size"])
     differ = [key for key in wanted if wanted[key] is not None and found[key] != wanted[key]]
     if differ:
@@ -226,7 +229,10 @@ def predict_records(
     from covidxray.data.tfrecord import read_records
 
     paths = [p for split in ("train", "val", "test") for p in shard_paths(data_dir, split)]
-    probabilities, labels, sources, images = [], [], [], []
+    probabilities: list[np.ndarray] = []
+    labels: list[int] = []
+    sources: list[str] = []
+    images: list[np.ndarray] = []
     skipped = 0
 
     def flush() -> None:

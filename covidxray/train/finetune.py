@@ -36,7 +36,7 @@ def freeze_leading_stages(model: tf.keras.Model, model_name: str, stages: int) -
         )
     from covidxray.train.efficientnet_lite import stage_of
 
-    frozen = [layer for layer in model.layers if (stage_of(layer.name) is not None and stage_of(layer.name) < stages)]
+    frozen = [layer for layer in model.layers if (stage := stage_of(layer.name)) is not None and stage < stages]
     for layer in frozen:
         layer.trainable = False
     return len(frozen)

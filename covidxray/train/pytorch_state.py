@@ -155,7 +155,7 @@ def _tensor(ref: _TensorRef, arrays: dict[str, np.ndarray], path: Path, name: st
     return np.array(view, dtype=flat.dtype.newbyteorder("="))  # a native-order copy that owns its memory
 
 
-def read_state_dict(path: Path) -> dict[str, np.ndarray]:
+def read_state_dict(path: Path | str) -> dict[str, np.ndarray]:
     """The tensors of a legacy PyTorch state dict, by name, as numpy arrays (shapes and strides as saved)."""
     path = Path(path)
     storages: dict[str, tuple[np.dtype, int]] = {}

