@@ -225,7 +225,8 @@ def test_gradient_compression_and_fusion_settings_reach_horovod(compression):
 
 @pytest.mark.slow
 def test_doctor_measures_a_pi_sized_training_rank_on_real_xrays(shared_data, tmp_path):
-    """`doctor --data-dir` with configs/pi-cluster.yaml trains mobilenet_v3_small at 224 px, batch 16, on real images."""
+    """`doctor --data-dir` with configs/pi-cluster.yaml trains its model (efficientnet_lite0, ImageNet weights, early
+    stages frozen) at 224 px, batch 16, on real images."""
     from covidxray.config import load_config
     from covidxray.data.prepare import prepare
 
@@ -243,7 +244,7 @@ def test_doctor_measures_a_pi_sized_training_rank_on_real_xrays(shared_data, tmp
     report = json.loads(result.stdout)
     memory = report["training_memory"]
     assert "error" not in memory, memory
-    assert (memory["model"], memory["image_size"], memory["batch_size"]) == ("mobilenet_v3_small", 224, 16)
+    assert (memory["model"], memory["image_size"], memory["batch_size"]) == ("efficientnet_lite0", 224, 16)
     assert memory["horovod"] == {"gradient_compression": "none", "fusion_buffer_mb": 16, "cycle_time_ms": 1.0}
     # a TensorFlow process holding a model is hundreds of MB; VmHWM is in kB, so a unit slip would show here
     assert 200 < memory["peak_rss_mb"] < 8192
