@@ -47,7 +47,6 @@ from covidxray.run_folder import (
     tflite_name,
     write_json,
 )
-from covidxray.train.models import INT8_UNSUITED
 
 SPLITS_READ = ("train", "val", "test")  # train: OOD and layout fits, int8 calibration; val: thresholds; test: parity
 
@@ -251,16 +250,10 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         )
     write_json(run_dir / EXPORT_REPORT, report)
     if not report.get("int8", {}).get("meets_bar", True):
-        model = card.get("model", "")
-        advice = (
-            f"{model}: {INT8_UNSUITED[model]}: deploy float16 (`covidxray export --format float16`) or train "
-            "efficientnet_lite0"
-            if model in INT8_UNSUITED
-            else "Try more calibration images (export.representative_samples) or deploy float16"
-        )
         raise UserError(
             f"int8 model agrees with Keras on only {report['int8']['agreement']:.2%} of the test split "
             f"(bar: export.int8_min_agreement={config.export.int8_min_agreement:.2%}); do not deploy "
-            f"{run_dir / tflite_name('int8')}. {advice}; see {run_dir / EXPORT_REPORT}"
+            f"{run_dir / tflite_name('int8')}. Try more calibration images (export.representative_samples) "
+            f"or deploy float16; see {run_dir / EXPORT_REPORT}"
         )
     return report

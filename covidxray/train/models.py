@@ -134,13 +134,5 @@ register_model(
 )(_application("EfficientNetB0", "efficientnet_b0"))
 
 
-# Models whose post-training int8 build misses export.int8_min_agreement on real chest films (docs/benchmarks.md,
-# section 6d): export's refusal of their int8 file says why and to deploy float16 instead.
-INT8_UNSUITED = {
-    "mobilenet_v3_small": "its hard-swish activations and squeeze-excite gates do not survive post-training int8 "
-    "(46-63% agreement with Keras on real chest films)",
-}
-
-
 def build_model(name: str, image_size: int, num_classes: int, weights: str = "") -> tf.keras.Model:
     return MODEL_REGISTRY.get(name)(image_size, num_classes, weights)
