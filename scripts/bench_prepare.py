@@ -28,6 +28,16 @@ from pathlib import Path
 
 import _bench
 
+# What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
+# (scripts/stale_benchmarks.py): prepare end to end (listing, decode, dedup, split, shards) and the decode floor.
+MEASURES = (
+    "covidxray/data",
+    "covidxray/edge/preprocess.py",
+    "covidxray/sources/covid19_talo.py",
+    "covidxray/files.py",
+    "covidxray/manifest.py",
+)
+
 
 def _decode_resize(job: tuple[str, int]) -> None:
     from covidxray.edge import preprocess
