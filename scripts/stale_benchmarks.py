@@ -20,6 +20,7 @@ report that is fresh again.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import shlex
 import subprocess
@@ -95,18 +96,46 @@ def changed_since(repo: Path, commit: str, paths: tuple[str, ...]) -> tuple[str,
     diff = git(repo, "diff", "--name-only", "--no-renames", commit, "--", *paths)
     if diff.returncode:
         raise RuntimeError(f"git diff {commit} failed in {repo}: {diff.stderr.strip()}")
-    return tuple(sorted(path for path in set(diff.stdout.split()) if not _same_code(repo, commit, path)))
+    changed = sorted(set(diff.stdout.split()))
+    python = [path for path in changed if path.endswith(".py") and (repo / path).is_file()]
+    before = dict(zip(python, _blobs(repo, [f"{commit}:{path}" for path in python])))
+    return tuple(path for path in changed if not _same_code(before.get(path), repo / path))
 
 
-def _same_code(repo: Path, commit: str, path: str) -> bool:
-    """A Python file whose syntax tree is unchanged: only its formatting or comments differ (a `ruff format` commit)."""
-    old, new = git(repo, "show", f"{commit}:{path}"), repo / path
-    if not path.endswith(".py") or old.returncode or not new.is_file():
-        return False
+def _same_code(before: bytes | None, now: Path) -> bool:
+    """Python source whose syntax tree is unchanged: only its formatting or comments differ (a `ruff format` commit)."""
+    tree = _syntax_tree(before) if before is not None else None
+    return tree is not None and tree == _syntax_tree(now.read_bytes())
+
+
+def _blobs(repo: Path, specs: list[str]) -> list[bytes | None]:
+    """The content of each `commit:path` (None where it does not exist), from one `git cat-file --batch`."""
+    if not specs:
+        return []
+    out = subprocess.run(
+        ["git", "cat-file", "--batch"], cwd=repo, input="\n".join(specs).encode() + b"\n", capture_output=True
+    ).stdout
+    blobs, at = [], 0
+    for _ in specs:
+        end = out.index(b"\n", at)
+        header = out[at:end].split()
+        if header[-1] == b"missing":
+            blobs.append(None)
+            at = end + 1
+        else:
+            size = int(header[2])
+            blobs.append(out[end + 1 : end + 1 + size])
+            at = end + 1 + size + 1  # the content ends with a newline of the batch format's own
+    return blobs
+
+
+@functools.cache
+def _syntax_tree(source: bytes) -> str | None:
+    """The syntax tree of Python source (no formatting, no comments); None when it does not parse."""
     try:
-        return ast.dump(ast.parse(old.stdout)) == ast.dump(ast.parse(new.read_text()))
+        return ast.dump(ast.parse(source))
     except SyntaxError:
-        return False
+        return None
 
 
 def rerun_command(report: dict, report_path: Path) -> str:

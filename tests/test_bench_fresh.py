@@ -76,6 +76,11 @@ def test_a_report_goes_stale_when_a_measured_file_changes(repo):
     assert stale(repo) == {}
     write(repo, "pkg/measured.py", "# why it is 2\nVALUE = (\n    2\n)\n")
     assert stale(repo) == {}  # formatting and comments: the same code
+    write(repo, "pkg/measured.py", "VALUE = (2\n")
+    write_report(repo, commit_all(repo, "code that does not parse"))
+    assert stale(repo) == {}
+    write(repo, "pkg/measured.py", "VALUE = (3\n")  # no syntax tree to compare: any change counts
+    assert stale(repo) == {"fake.json": ("pkg/measured.py",)}
 
 
 def test_a_report_from_a_branch_is_judged_by_what_it_measured(repo):
