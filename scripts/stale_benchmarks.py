@@ -3,18 +3,17 @@
 Every scripts/bench_NAME.py declares what it measures in a module-level
 `MEASURES = ("covidxray/...", ...)` (files or folders, relative to the
 repository), read here with `ast`, so nothing is imported. Every report in
-docs/bench records `benchmark` (NAME), `command` and
-`environment.git_commit`. A report is stale when a declared path differs
-between that commit and the working tree (`git diff`: a tree comparison, so a
-report written on a branch that was merged later is judged by what it
-measured, not by the history in between; a Python file whose syntax tree is
-unchanged, reformatted or with other comments, counts as unchanged), or when
-the commit is missing or unknown to this repository. docs/bench/known_stale.toml lists the reports
-known to be stale, each with why and what re-running it needs;
-tests/test_bench_fresh.py fails on any other stale report and on a listed
-report that is fresh again.
+docs/bench records `benchmark` (NAME), `command` and `environment.git_commit`.
+A report is stale when the commit is missing or unknown to this repository, or
+when a declared path differs between that commit and the working tree. That is
+a tree comparison (`git diff`), so a report written on a branch that landed
+later is judged by what it measured, not by the history in between; a Python
+file whose syntax tree is unchanged (reformatted, other comments) counts as
+unchanged. docs/bench/known_stale.toml lists the reports known to be stale,
+each with why and what re-running it needs; tests/test_bench_fresh.py fails on
+any other stale report and on a listed report that is fresh again.
 
-    python scripts/stale_benchmarks.py      # every stale report, the changed paths, the command to re-run it
+    python scripts/stale_benchmarks.py   # every stale report, what changed, the command to re-run it; exit 1 on a new one
 """
 
 from __future__ import annotations
@@ -176,7 +175,9 @@ def main() -> None:
     stale = stale_reports(REPO)
     for item in stale:
         print(("known: " if item.report in known else "NEW: ") + item.line())
-    print(f"{len(stale)} stale report(s), {sum(item.report not in known for item in stale)} not in {KNOWN_STALE}")
+    new = sum(item.report not in known for item in stale)
+    print(f"{len(stale)} stale report(s), {new} not in {KNOWN_STALE}")
+    sys.exit(1 if new else 0)
 
 
 if __name__ == "__main__":
