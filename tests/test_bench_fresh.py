@@ -81,6 +81,8 @@ def test_a_report_goes_stale_when_a_measured_file_changes(repo):
     assert stale(repo) == {}
     write(repo, "pkg/measured.py", "VALUE = (3\n")  # no syntax tree to compare: any change counts
     assert stale(repo) == {"fake.json": ("pkg/measured.py",)}
+    (repo / "pkg/sub/inner.py").unlink()
+    assert stale(repo) == {"fake.json": ("pkg/measured.py", "pkg/sub/inner.py")}
 
 
 def test_a_report_from_a_branch_is_judged_by_what_it_measured(repo):
