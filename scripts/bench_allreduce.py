@@ -42,6 +42,17 @@ from pathlib import Path
 import _bench
 import _ring
 
+# What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
+# (scripts/stale_benchmarks.py): the probe and the fit; the models only lend their gradient sizes and the compute step time.
+MEASURES = (
+    "scripts/_allreduce_probe.py",
+    "scripts/_ring.py",
+    "scripts/netcluster.sh",
+    "covidxray/train/distributed.py",
+    "covidxray/train/models.py",
+    "covidxray/train/efficientnet_lite.py",
+)
+
 NETCLUSTER = _bench.REPO / "scripts" / "netcluster.sh"
 PROBE = _bench.REPO / "scripts" / "_allreduce_probe.py"
 CLUSTER_NAME = "cxrb"  # not the default name: the benchmark never tears down a cluster a user built by hand

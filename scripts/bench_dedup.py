@@ -41,6 +41,15 @@ from pathlib import Path
 
 import _bench
 
+# What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
+# (scripts/stale_benchmarks.py): dedup itself, and the decode it is weighed against.
+MEASURES = (
+    "covidxray/data/dedup.py",
+    "covidxray/data/near_duplicates.py",
+    "covidxray/edge/preprocess.py",
+)
+
+
 SHARED = _bench.REPO.parent / "shared" / "data"
 FAMILIES = ("crop", "border", "rescale", "jpeg", "intensity", "text", "rotate", "flip")
 

@@ -36,6 +36,14 @@ import gate_corpus
 from covidxray.edge.orientation import ORIENTATIONS
 from covidxray.edge.predict import LAYOUT_REASON, OOD_REASON, predict_path
 
+# What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
+# (scripts/stale_benchmarks.py): the predict path and its checks, and the image sets (the model is an input: --run-dir).
+MEASURES = (
+    "covidxray/edge",
+    "scripts/gate_corpus.py",
+)
+
+
 REJECTED_BY = ("decoder", "cheap checks", "orientation", "ood score", "chest layout")
 ORIENTATION_REASONS = set(ORIENTATIONS[1:])
 ODD_COLLECTIONS = ("chest-xray-pneumonia-224", "covid19-talo-nih-half-512", "covid-chestxray-aug2020-768")

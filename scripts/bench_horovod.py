@@ -38,6 +38,14 @@ from pathlib import Path
 
 import _bench
 
+# What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
+# (scripts/stale_benchmarks.py): the training loop and the input pipeline under Horovod.
+MEASURES = (
+    "covidxray/train",
+    "covidxray/data/tfrecord.py",
+)
+
+
 PIN = ["sh", "-c", 'exec taskset -c "$HOROVOD_LOCAL_RANK" "$0" "$@"']
 
 

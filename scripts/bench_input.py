@@ -20,6 +20,16 @@ import time
 
 import _bench
 
+# What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
+# (scripts/stale_benchmarks.py): the input pipeline, the model step it is weighed against, and the thread setup.
+MEASURES = (
+    "covidxray/train/input.py",
+    "covidxray/train/models.py",
+    "covidxray/train/distributed.py",
+    "covidxray/data/tfrecord.py",
+)
+
+
 PROBE_BATCHES_DISCARDED = 3  # PREFETCH_BATCHES + the one being assembled
 
 

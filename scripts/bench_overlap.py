@@ -34,6 +34,15 @@ from pathlib import Path
 import _bench
 from bench_allreduce import horovodrun_on_boards, netcluster, state
 
+# What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
+# (scripts/stale_benchmarks.py): training under Horovod over the emulated network, and the allreduce probe.
+MEASURES = (
+    "covidxray/train",
+    "scripts/_allreduce_probe.py",
+    "scripts/netcluster.sh",
+)
+
+
 PROBE = _bench.REPO / "scripts" / "_allreduce_probe.py"
 MODEL = "mobilenet_v3_small"
 

@@ -37,6 +37,17 @@ from pathlib import Path
 import _bench
 import numpy as np
 
+# What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
+# (scripts/stale_benchmarks.py): preparing the data, training, evaluating.
+MEASURES = (
+    "covidxray/data",
+    "covidxray/sources",
+    "covidxray/edge/preprocess.py",
+    "covidxray/edge/harmonise.py",
+    "covidxray/train",
+    "covidxray/export/source_profile.py",
+)
+
 RECIPES = {
     "kaggle-pneumonia": {
         "sources": {"chest-xray-pneumonia": "chest-xray-pneumonia-224"},

@@ -30,7 +30,7 @@ RESULT_KEYS = {
 }
 
 
-def run_bench(name: str, workdir) -> dict:
+def run_bench(name: str, workdir, *flags: str) -> dict:
     out = workdir / f"{name}.json"
     cmd = [
         sys.executable,
@@ -40,6 +40,7 @@ def run_bench(name: str, workdir) -> dict:
         str(workdir),
         "--out",
         str(out),
+        *flags,
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -64,6 +65,30 @@ def test_bench_prepare_quick(tmp_path):
     check_report(report, "prepare")
     results = report["results"]
     assert results["records_written_1w"] == results["records_written_2w"] == results["images"] == 12
+
+
+@pytest.mark.slow
+def test_bench_prepare_scale_quick(tmp_path):
+    import numpy as np
+
+    report = run_bench("prepare", tmp_path, "--scale")
+    results = report["results"]
+    assert results["counts"] == [24, 48]
+    assert results["records_written"] == {"24": 24, "48": 48}
+    for count in ("24", "48"):
+        stages = results["median_s"][count]
+        assert stages["perceptual"] + stages["geometric"] <= stages["dedup matching"]  # both run inside matching
+        assert stages["decode"] + stages["dedup matching"] <= stages["total"]
+    for stage, exponent in results["growth_exponents"].items():
+        seconds = [results["median_s"][count][stage] for count in ("24", "48")]
+        assert exponent == pytest.approx(np.log(seconds[1] / seconds[0]) / np.log(2))  # two points: their slope
+    [goal] = report["goals"]
+    assert goal["measured"] == round(results["growth_exponents"]["dedup matching"], 4)
+    # the 24 are spread over the 48 generated files: hard links to them, in every class folder
+    subset = sorted((tmp_path / "scale-24-of-48x256").rglob("*_000.*"))
+    generated = {path.stat().st_ino for path in (tmp_path / "talo-48x256").rglob("*_000.*")}
+    assert len(subset) == 24 and {path.stat().st_ino for path in subset} <= generated
+    assert {path.parent.name for path in subset} == {"Covid-19", "No_findings", "Pneumonia"}
 
 
 @pytest.mark.slow

@@ -1,0 +1,161 @@
+"""docs/bench reports describe the code as it is: none is stale unless docs/bench/known_stale.toml says why.
+
+The check (scripts/stale_benchmarks.py) is first run on throwaway git
+repositories whose history is known, then on this repository's reports.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import stale_benchmarks  # noqa: E402
+
+FAKE_BENCH = '''"""A benchmark of pkg."""
+MEASURES = ("pkg/measured.py", "pkg/sub")
+'''
+
+
+def git(repo, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def commit_all(repo, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "--short", "HEAD")
+
+
+def write(repo, path: str, text: str) -> None:
+    (repo / path).parent.mkdir(parents=True, exist_ok=True)
+    (repo / path).write_text(text)
+
+
+def write_report(repo, commit: str, command: str = ".venv/bin/python scripts/bench_fake.py --out /tmp/x/fake.json"):
+    report = {"benchmark": "fake", "command": command, "environment": {"git_commit": commit}}
+    write(repo, "docs/bench/fake.json", json.dumps(report))
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A repository with a benchmark of pkg/measured.py and pkg/sub/, and pkg/other.py it does not measure."""
+    for variable in ("GIT_AUTHOR_NAME", "GIT_COMMITTER_NAME"):
+        monkeypatch.setenv(variable, "bench")
+    for variable in ("GIT_AUTHOR_EMAIL", "GIT_COMMITTER_EMAIL"):
+        monkeypatch.setenv(variable, "bench@example.invalid")
+    git(tmp_path, "init", "-q", "-b", "main")
+    write(tmp_path, "scripts/bench_fake.py", FAKE_BENCH)
+    for path in ("pkg/measured.py", "pkg/other.py", "pkg/sub/inner.py"):
+        write(tmp_path, path, "VALUE = 1\n")
+    return tmp_path
+
+
+def stale(repo) -> dict[str, tuple[str, ...]]:
+    return {item.report: item.changed for item in stale_benchmarks.stale_reports(repo)}
+
+
+def test_a_report_goes_stale_when_a_measured_file_changes(repo):
+    measured_at = commit_all(repo, "code")
+    write_report(repo, measured_at)
+    commit_all(repo, "report")
+    assert stale(repo) == {}
+    write(repo, "pkg/other.py", "VALUE = 2\n")
+    commit_all(repo, "code the benchmark does not measure")
+    assert stale(repo) == {}
+    write(repo, "pkg/sub/inner.py", "VALUE = 2\n")  # a file in a declared folder: not committed yet
+    assert stale(repo) == {"fake.json": ("pkg/sub/inner.py",)}
+    commit_all(repo, "measured code")
+    write(repo, "pkg/measured.py", "VALUE = 2\n")
+    assert stale(repo) == {"fake.json": ("pkg/measured.py", "pkg/sub/inner.py")}
+    write_report(repo, commit_all(repo, "more measured code"))  # the benchmark re-run
+    assert stale(repo) == {}
+    write(repo, "pkg/measured.py", "# why it is 2\nVALUE = (\n    2\n)\n")
+    assert stale(repo) == {}  # formatting and comments: the same code
+    write(repo, "pkg/measured.py", "VALUE = (2\n")
+    write_report(repo, commit_all(repo, "code that does not parse"))
+    assert stale(repo) == {}
+    write(repo, "pkg/measured.py", "VALUE = (3\n")  # no syntax tree to compare: any change counts
+    assert stale(repo) == {"fake.json": ("pkg/measured.py",)}
+    (repo / "pkg/sub/inner.py").unlink()
+    assert stale(repo) == {"fake.json": ("pkg/measured.py", "pkg/sub/inner.py")}
+
+
+def test_a_report_from_a_branch_is_judged_by_what_it_measured(repo):
+    commit_all(repo, "code")
+    git(repo, "switch", "-q", "-c", "faster")
+    write(repo, "pkg/measured.py", "VALUE = 2\n")
+    measured_on_branch = commit_all(repo, "faster code")
+    git(repo, "switch", "-q", "main")
+    write(repo, "pkg/measured.py", "VALUE = 2\n")  # the branch landed as one squashed commit, not merged
+    write_report(repo, measured_on_branch)
+    commit_all(repo, "squashed: faster code and its report")
+    not_an_ancestor = subprocess.run(["git", "merge-base", "--is-ancestor", measured_on_branch, "HEAD"], cwd=repo)
+    assert not_an_ancestor.returncode == 1
+    assert stale(repo) == {}
+    write(repo, "pkg/measured.py", "VALUE = 3\n")
+    commit_all(repo, "main changed it again")
+    assert stale(repo) == {"fake.json": ("pkg/measured.py",)}
+
+
+@pytest.mark.parametrize("commit", ["", "0123abc", "not-a-commit"])
+def test_a_report_with_a_missing_or_unknown_commit_is_stale(repo, commit):
+    commit_all(repo, "code")
+    write_report(repo, commit)
+    [item] = stale_benchmarks.stale_reports(repo)
+    assert (item.report, item.commit, item.changed) == ("fake.json", commit, ())
+    assert ("records no git commit" if not commit else f"its commit {commit!r} is unknown") in item.line()
+
+
+def test_the_stale_line_names_the_benchmark_and_the_command_to_rerun(repo):
+    commit_all(repo, "code")
+    write_report(repo, "0123abc", "/venv/bin/python /elsewhere/wt/scripts/bench_fake.py --repeats 3 --out /tmp/r.json")
+    [item] = stale_benchmarks.stale_reports(repo)
+    assert item.rerun == "/venv/bin/python scripts/bench_fake.py --repeats 3 --out docs/bench/fake.json"
+    assert item.line().startswith("fake.json (bench_fake) is stale")
+    assert item.line().endswith(f"re-run: {item.rerun}")
+
+
+def test_a_bench_without_measures_is_refused(repo):
+    write(repo, "scripts/bench_fake.py", '"""A benchmark that forgot."""\nOTHER = ("pkg",)\n')
+    write_report(repo, commit_all(repo, "code"))
+    with pytest.raises(ValueError, match="bench_fake.py declares no MEASURES"):
+        stale_benchmarks.stale_reports(repo)
+
+
+def test_outside_a_checkout_staleness_cannot_be_told(repo, tmp_path_factory):
+    commit_all(repo, "code")
+    assert stale_benchmarks.is_checkout(repo)
+    assert not stale_benchmarks.is_checkout(repo / "pkg")  # a source tarball unpacked inside another checkout
+    assert not stale_benchmarks.is_checkout(tmp_path_factory.mktemp("tarball"))
+
+
+def test_every_benchmark_declares_paths_that_exist():
+    scripts = sorted((REPO / "scripts").glob("bench_*.py"))
+    assert scripts
+    for script in scripts:
+        for path in stale_benchmarks.declared_measures(script):
+            assert (REPO / path).exists(), f"{script.name} declares {path}, which does not exist"
+
+
+def test_no_report_is_stale_unless_known():
+    if not stale_benchmarks.is_checkout(REPO):
+        pytest.skip(f"{REPO} is not a git checkout (a source tarball?): staleness cannot be told")
+    if stale_benchmarks.is_shallow(REPO):
+        pytest.skip("shallow clone: the reports' commits may be missing; `git fetch --unshallow` to check them")
+    known = stale_benchmarks.known_stale(REPO)
+    reports = {path.name for path in (REPO / stale_benchmarks.REPORTS).glob("*.json")}
+    for name, entry in known.items():
+        assert name in reports, f"{stale_benchmarks.KNOWN_STALE} lists {name}, which is not a report"
+        assert entry.get("reason") and entry.get("rerun_needs"), (
+            f"{name}: say why it is stale and what re-running needs"
+        )
+    stale = stale_benchmarks.stale_reports(REPO)
+    new = [item.line() for item in stale if item.report not in known]
+    assert not new, "re-run these benchmarks (or list them in docs/bench/known_stale.toml with why):\n" + "\n".join(new)
+    fresh_again = sorted(set(known) - {item.report for item in stale})
+    assert not fresh_again, f"fresh again, remove from {stale_benchmarks.KNOWN_STALE}: {', '.join(fresh_again)}"
