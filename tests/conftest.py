@@ -91,7 +91,7 @@ def all_formats_run(trained_run, synthetic_data, tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     """Real samples beside the repo, when this checkout has them (never required by the product)."""
     if not SHARED_DATA.is_dir():
