@@ -6,6 +6,7 @@ on a 2-core CI machine.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -101,3 +102,17 @@ def shared_data() -> Path:
 
 def have_horovod() -> bool:
     return shutil.which("horovodrun", path=str(VENV_BIN)) is not None
+
+
+def write_rebound(source: Path, target: Path, card) -> Path:
+    """`source`'s model beside the sidecar `card`, re-bound to it (tests/test_security_edge.py checks that an edit
+    that is not re-bound is refused for that alone); a card that is not an object cannot be bound."""
+    from covidxray.edge.model_binding import bind
+
+    target.mkdir(parents=True, exist_ok=True)
+    flatbuffer = source.read_bytes()
+    if isinstance(card, dict):
+        flatbuffer, card = bind(flatbuffer, card)
+    (target / source.name).write_bytes(flatbuffer)
+    (target / source.name).with_suffix(".json").write_text(json.dumps(card))
+    return target / source.name

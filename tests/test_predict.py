@@ -12,7 +12,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import run_cli, write_rebound
 from test_preprocess import write_dicom
 
 LABELS = ["normal", "pneumonia", "covid-19"]
@@ -355,20 +355,6 @@ def sidecar_edits() -> dict:
             "chest-layout section is version",
         ),
     }
-
-
-def write_rebound(source: Path, target: Path, card) -> Path:
-    """`source`'s model beside the sidecar `card`, re-bound to it (tests/test_security_edge.py checks that an edit
-    that is not re-bound is refused for that alone); a card that is not an object cannot be bound."""
-    from covidxray.edge.model_binding import bind
-
-    target.mkdir(parents=True, exist_ok=True)
-    flatbuffer = source.read_bytes()
-    if isinstance(card, dict):
-        flatbuffer, card = bind(flatbuffer, card)
-    (target / source.name).write_bytes(flatbuffer)
-    (target / source.name).with_suffix(".json").write_text(json.dumps(card))
-    return target / source.name
 
 
 @pytest.mark.parametrize("name", list(sidecar_edits()))

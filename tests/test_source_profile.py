@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import run_cli, write_rebound
 from sklearn.covariance import LedoitWolf
 
 from covidxray.edge.source_profile import SourceProfile, from_card
@@ -99,7 +99,7 @@ def test_predict_warns_beside_the_answer_never_instead_of_it(exported_run, synth
     answer, _ = predict()
     assert answer["label"] and answer["source_profile"]["nearest_source"] == "synthetic"
     sidecar["source_profile"]["limits"] = [answer["source_profile"]["ratio"] * 1e-3]  # every image now "far"
-    sidecar_path.write_text(json.dumps(sidecar))
+    write_rebound(run_dir / "model-float32.tflite", run_dir, sidecar)  # an edit re-bound, as an export writes it
     warned, stderr = predict()
     assert warned["label"] == answer["label"] and warned["probabilities"] == answer["probabilities"]
     assert "unlike every training source" in warned["source_profile"]["warning"]
