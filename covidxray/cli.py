@@ -379,9 +379,6 @@ def predict(
             ) from None
         return gradcam_for(explain_dir, keras_model)
 
-    def warn(message: str) -> None:
-        console.print(f"[yellow]warning[/]: {escape(message)}", soft_wrap=True, highlight=False)
-
     def load():
         if as_json and as_jsonl:
             raise UserError("--json and --jsonl: choose one")
@@ -435,11 +432,12 @@ def show_result(item: dict, mode: str) -> None:
         heat = f"  grad-cam {item['gradcam']}" if "gradcam" in item else ""
         print(f"{item['file']}: {item['label']}  ({probs}){heat}", flush=True)
     if "warning" in item.get("source_profile", {}):
-        console.print(
-            f"[yellow]warning[/]: {escape(item['file'])}: {escape(item['source_profile']['warning'])}",
-            soft_wrap=True,
-            highlight=False,
-        )
+        warn(f"{item['file']}: {item['source_profile']['warning']}")
+
+
+def warn(message: str) -> None:
+    """A warning on stderr, the text as it is (file names may hold [brackets])."""
+    console.print(f"[yellow]warning[/]: {escape(message)}", soft_wrap=True, highlight=False)
 
 
 @app.command()

@@ -201,6 +201,22 @@ def covidxray(*args: str) -> list[str]:
     return [str(VENV_BIN / "covidxray"), *args]
 
 
+def train_args(data_dir: Path, run_dir: Path, model: str, epochs: int, *more: str) -> list[str]:
+    """The arguments of `covidxray train` of `model` for `epochs` on `data_dir` into `run_dir`, then `more`."""
+    return [
+        "train",
+        "--data-dir",
+        str(data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--model",
+        model,
+        "--epochs",
+        str(epochs),
+        *more,
+    ]
+
+
 # --- timing --------------------------------------------------------------------------------------------
 
 

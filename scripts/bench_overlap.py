@@ -51,22 +51,17 @@ _PINNED = '#!/bin/sh\nexec taskset -c "$HOROVOD_RANK" "$@"\n'
 
 
 def train_args(data_dir: Path, run_dir: Path, epochs: int, batch: int, overrides: list[str]) -> list[str]:
-    return [
-        "train",
-        "--data-dir",
-        str(data_dir),
-        "--run-dir",
-        str(run_dir),
-        "--model",
+    return _bench.train_args(
+        data_dir,
+        run_dir,
         MODEL,
-        "--epochs",
-        str(epochs),
+        epochs,
         "--set",
         f"train.batch_size={batch}",
         "--set",
         "train.bn_recalibration_images=64",  # after the timed batches of each epoch: keep the run short
         *(arg for override in overrides for arg in ("--set", override)),
-    ]
+    )
 
 
 def step_seconds(run_dir: Path, batch: int) -> dict:

@@ -140,19 +140,7 @@ def build_run(args) -> Path:
     if all((run_dir / tflite_name(fmt)).is_file() for fmt in FORMATS):
         return run_dir
     data = _bench.prepared_synthetic(args.workdir / f"predict-data-{args.image_size}", args.image_size, args.patients)
-    _bench.run(
-        _bench.covidxray(
-            "train",
-            "--data-dir",
-            str(data),
-            "--run-dir",
-            str(run_dir),
-            "--model",
-            args.model,
-            "--epochs",
-            str(args.epochs),
-        )
-    )
+    _bench.run(_bench.covidxray(*_bench.train_args(data, run_dir, args.model, args.epochs)))
     _bench.run(
         _bench.covidxray(
             "export",

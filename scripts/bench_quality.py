@@ -96,20 +96,7 @@ def measured_run(cmd: list[str]) -> dict:
 def measured_train(args, data_dir: Path, run_dir: Path) -> dict:
     """`covidxray train` of --model for --epochs on `data_dir` with the train.* --set overrides, measured."""
     train_sets = [arg for s in args.sets if s.startswith("train.") for arg in ("--set", s)]
-    return measured_run(
-        _bench.covidxray(
-            "train",
-            "--data-dir",
-            str(data_dir),
-            "--run-dir",
-            str(run_dir),
-            "--model",
-            args.model,
-            "--epochs",
-            str(args.epochs),
-            *train_sets,
-        )
-    )
+    return measured_run(_bench.covidxray(*_bench.train_args(data_dir, run_dir, args.model, args.epochs, *train_sets)))
 
 
 def point_metrics(
