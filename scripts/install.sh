@@ -14,8 +14,9 @@ HOROVOD_VERSION=0.28.1
 # python3-venv and python3-dev (Python.h for Horovod) are missing from Raspberry Pi OS Lite and Debian minimal.
 SYSTEM_PACKAGES="cmake g++ make mpich libmpich-dev openssh-client openssh-server rsync python3-venv python3-dev"
 # debootstrap: the test suite's check of the edge install in a Debian trixie root file system
-# (tests/test_trixie_edge.py), so only on x86-64, where the suite and CI run; the boards do without.
-[ "$(uname -m)" != x86_64 ] || SYSTEM_PACKAGES+=" debootstrap"
+# (tests/test_trixie_edge.py), and chromium + its WebDriver: the browser the report and serve tests drive, headless;
+# so only on x86-64, where the suite and CI run; the boards do without.
+[ "$(uname -m)" != x86_64 ] || SYSTEM_PACKAGES+=" debootstrap chromium chromium-driver"
 
 # TensorFlow 2.15 (and so Horovod 0.28.1) has wheels for CPython 3.9 to 3.11 only: refuse another Python now,
 # saying what to do, rather than after the apt step and a pip resolution that ends in "no matching distribution".
