@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 VENV_BIN = Path(sys.executable).parent
+
+
+def with_default_sigint() -> None:
+    """Popen's preexec_fn for a child the test interrupts with SIGINT: a shell starts background jobs (a suite run
+    with `&` or nohup) with SIGINT ignored, children inherit that, and Python then installs no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def covidxray_cmd(*args: str) -> list[str]:

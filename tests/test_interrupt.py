@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA, covidxray_cmd
+from conftest import SHARED_DATA, covidxray_cmd, with_default_sigint
 from kill_worker import decode_or_break_off
 from layouts import write_image
 
@@ -112,6 +112,7 @@ def test_ctrl_c_while_a_result_is_half_sent_ends_decoding_at_once(half_sent, tmp
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=with_default_sigint,
     )
     deadline = time.monotonic() + 120
     while len(session_processes(job.pid)) < 4 and time.monotonic() < deadline:  # itself, tracker, two workers
@@ -141,6 +142,7 @@ def start_prepare(source: Path, data_dir: Path) -> subprocess.Popen:
         text=True,
         start_new_session=True,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        preexec_fn=with_default_sigint,
     )
 
 

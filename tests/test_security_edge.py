@@ -15,7 +15,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from conftest import copy_trained_model, covidxray_cmd, run_cli
+from conftest import copy_trained_model, covidxray_cmd, run_cli, with_default_sigint
 from test_predict import check_schema, held_out_images, one_line
 
 from covidxray.edge.model_binding import bind
@@ -484,6 +484,7 @@ def test_n11b_ctrl_c_keeps_what_was_printed_and_says_what_is_left(exported_run, 
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        preexec_fn=with_default_sigint,
     )
     try:
         if mode != "--json":  # streamed: interrupt once results are coming out
