@@ -89,13 +89,18 @@ def test_mobilenet_learns_real_radiographs_and_is_not_a_constant_predictor(from_
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured 2026-12-05: at 96 px on 300 train films, 6 epochs, the pretrained recipe reaches test AUC 0.74 "
+    "against 0.92 from scratch (every layer at lr 1e-3: 0.980 and 0.946 against 0.92 and 0.952, a tie; on the full "
+    "Kaggle train folder at 224 px it wins, 0.971 against 0.959: docs/benchmarks.md 6d); strict, so the day it "
+    "passes it must become a plain test",
+)
 def test_the_pretrained_backbone_beats_the_from_scratch_model_on_the_same_split(
     kaggle_subset_data, from_scratch, tmp_path
 ):
-    """efficientnet_lite0 with its ImageNet weights, the few-images recipe (docs/training.md: all layers, lr 1e-3)
-    against mobilenet_v3_small from random weights: same images, epochs and batch; test AUC by scikit-learn.
-    Measured 2026-12-05: 0.980 against 0.92 (the many-images recipe, 4 stages frozen at lr 1e-4, reached 0.74 here:
-    ~110 steps are too few for it)."""
+    """efficientnet_lite0 with its ImageNet weights and the fine-tuning recipe (docs/training.md) against
+    mobilenet_v3_small from random weights: same images, epochs and batch; test AUC by scikit-learn."""
     from sklearn.metrics import roc_auc_score
 
     pretrained = trained_test_predictions(
@@ -103,7 +108,8 @@ def test_the_pretrained_backbone_beats_the_from_scratch_model_on_the_same_split(
         tmp_path / "run",
         "efficientnet_lite0",
         "train.weights=imagenet",
-        "train.learning_rate=0.001",
+        "train.learning_rate=0.0001",
+        "train.frozen_stages=4",
     )
     (scratch_probabilities, labels), (pretrained_probabilities, same_labels) = from_scratch, pretrained
     assert np.array_equal(labels, same_labels)
