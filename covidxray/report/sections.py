@@ -43,6 +43,11 @@ def _recorded(mapping: dict, key: str, source: str) -> str:
     return text_from(mapping[key], source) if key in mapping else "not recorded"
 
 
+def _figures(entry: dict, at: str, keys: tuple[str, ...]) -> list[str]:
+    """The figures `keys` of `entry`, which sits at `at` (file#pointer) in its file."""
+    return [figure(entry.get(key), at + pointer(key)) for key in keys]
+
+
 def _rerun(command: str) -> str:
     return f"Run `{command}` to add it."
 
@@ -294,19 +299,10 @@ def _per_class(per_class: dict, at: str) -> str:
         here = at + pointer(name)
         point = entry.get("operating_point") or {}
         rows.append(
-            [
-                esc(name),
-                figure(entry.get("support"), here + pointer("support")),
-                figure(entry.get("roc_auc"), here + pointer("roc_auc")),
-            ]
-            + [
-                figure(entry.get("argmax", {}).get(k), here + pointer("argmax", k))
-                for k in ("sensitivity", "specificity", "ppv")
-            ]
-            + [
-                figure(point.get(k), here + pointer("operating_point", k))
-                for k in ("threshold", "sensitivity", "specificity", "ppv")
-            ]
+            [esc(name)]
+            + _figures(entry, here, ("support", "roc_auc"))
+            + _figures(entry.get("argmax", {}), here + pointer("argmax"), ("sensitivity", "specificity", "ppv"))
+            + _figures(point, here + pointer("operating_point"), ("threshold", "sensitivity", "specificity", "ppv"))
         )
     headers = [
         "class",
@@ -339,14 +335,8 @@ def _per_source(per_source: dict) -> str:
     for source, entry in per_source.items():
         at = ref(EVALUATION, "per_source", source)
         rows.append(
-            [
-                esc(source) + (" (unseen in training)" if entry.get("unseen") else ""),
-                figure(entry.get("images"), at + pointer("images")),
-                figure(entry.get("train_images"), at + pointer("train_images")),
-                figure(entry.get("accuracy"), at + pointer("accuracy")),
-                figure(entry.get("macro_roc_auc"), at + pointer("macro_roc_auc")),
-                figure(entry.get("ece"), at + pointer("ece")),
-            ]
+            [esc(source) + (" (unseen in training)" if entry.get("unseen") else "")]
+            + _figures(entry, at, ("images", "train_images", "accuracy", "macro_roc_auc", "ece"))
         )
     return "<h3>Per source</h3>" + table(
         ["source", "test images", "train images", "accuracy", "macro AUC", "ECE"], rows
@@ -360,14 +350,8 @@ def _external(external: list[dict]) -> str:
     for i, entry in enumerate(external):
         at = ref(EVALUATION, "external", i)
         rows.append(
-            [
-                esc(entry.get("data_dir", "")),
-                figure(entry.get("images"), at + pointer("images")),
-                figure(entry.get("dropped_as_copies"), at + pointer("dropped_as_copies")),
-                figure(entry.get("accuracy"), at + pointer("accuracy")),
-                figure(entry.get("macro_roc_auc"), at + pointer("macro_roc_auc")),
-                figure(entry.get("ece"), at + pointer("ece")),
-            ]
+            [esc(entry.get("data_dir", ""))]
+            + _figures(entry, at, ("images", "dropped_as_copies", "accuracy", "macro_roc_auc", "ece"))
         )
     return "<h3>External data sets</h3>" + table(
         ["data", "images", "dropped as copies", "accuracy", "macro AUC", "ECE"], rows
