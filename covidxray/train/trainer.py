@@ -278,14 +278,15 @@ def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> TrainingState | 
 
 
 def _prepare_run_dir(run_dir: Path, resume: bool, say: Callable[[str], None]) -> None:
-    """Rank 0: drop half-written leftovers; without --resume, also the previous run's checkpoints and curves."""
+    """Rank 0: drop half-written leftovers; without --resume, also the previous run's checkpoints; without a
+    checkpoint to continue, its TensorBoard curves."""
     checkpoints = run_dir / CHECKPOINTS
     for leftover in [*run_dir.glob(f"*{PARTIAL}*"), *checkpoints.glob(f".*{PARTIAL}")]:
         shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     if not resume and checkpoints.exists():
         say(f"starting over in {run_dir}: removing the previous run's checkpoints (use --resume to continue it)")
         shutil.rmtree(checkpoints)
-    if not resume:  # a new run's epoch 1 is not the old run's: its curves start afresh
+    if read_latest(run_dir) is None:  # training from epoch 0 (started over, or nothing to resume): curves afresh
         shutil.rmtree(run_dir / TENSORBOARD_DIR, ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
 
