@@ -124,3 +124,20 @@ def test_tensorboard_false_writes_no_event_files(synthetic_data, tmp_path):
     assert (run_dir / "train_log.json").is_file() and not (run_dir / "tensorboard").exists()
     wrong = run_cli(*args, "--set", "train.tensorboard=sometimes")
     assert wrong.returncode == 2 and "config.train.tensorboard: expected true/false" in wrong.stderr
+
+
+def test_curves_start_afresh_exactly_when_training_starts_from_epoch_0(tmp_path):
+    from covidxray.run_folder import write_latest
+    from covidxray.train.trainer import _prepare_run_dir
+
+    board = tmp_path / "tensorboard"
+    board.mkdir()
+    _prepare_run_dir(tmp_path, resume=True, say=print)  # --resume, but no checkpoint: epoch 1 is a new run's
+    assert not board.exists()
+    board.mkdir()
+    (tmp_path / "checkpoints").mkdir()
+    write_latest(tmp_path, {"epoch": 2, "path": "epoch-0002-x"})
+    _prepare_run_dir(tmp_path, resume=True, say=print)  # a checkpoint to continue: its curves continue too
+    assert board.is_dir()
+    _prepare_run_dir(tmp_path, resume=False, say=print)  # started over: checkpoints and curves go
+    assert not board.exists() and not (tmp_path / "checkpoints").exists()
