@@ -20,6 +20,7 @@ from covidxray.files import atomic_write, output_folder
 from covidxray.manifest import MANIFEST, manifest_sha256
 from covidxray.report import sections
 from covidxray.report.html import esc, page, section
+from covidxray.report.plots import training_curves
 from covidxray.report.run_files import RunFiles
 from covidxray.run_folder import MODEL_CARD, MODEL_FILE, REPORT_FILE, TEST_PREDICTIONS, TRAIN_LOG
 
@@ -51,11 +52,7 @@ def build_report(
     output_folder(out.parent, "--out")
 
     log = files.json(TRAIN_LOG)
-    curves = None
-    if log and log.get("epochs"):
-        from covidxray.report.plots import training_curves
-
-        curves = training_curves(log["epochs"])
+    curves = training_curves(log["epochs"]) if log and log.get("epochs") else None
     plots = {name: files.binary(name) for name in (ROC_PLOT, CONFUSION_PLOT, RELIABILITY_PLOT)}
     found, problem, source = _examples(files)
     card = files.json(MODEL_CARD) or {}

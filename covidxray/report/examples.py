@@ -71,7 +71,7 @@ def _png(image: np.ndarray) -> bytes:
 
 def gradcam_examples(model, data_dir: Path, labels: np.ndarray, probabilities: np.ndarray) -> list[Example]:
     """Grad-CAM of the predicted class for each picked test image; [] when the predictions do not fit the shards."""
-    from covidxray.export.gradcam import heatmap, overlay, score_function
+    from covidxray.export.gradcam import heatmaps, overlay, score_function
 
     chosen = pick(labels, probabilities)
     shard_labels, images = read_test_split(data_dir, {i for i, _ in chosen})
@@ -80,20 +80,20 @@ def gradcam_examples(model, data_dir: Path, labels: np.ndarray, probabilities: n
             f"the test predictions do not belong to {data_dir}'s test split (its true classes differ): "
             "run `covidxray evaluate` on this data again, or give the --data-dir the run was evaluated on"
         )
-    forward = score_function(model)
-    examples = []
-    for index, kind in chosen:
-        gray, predicted = images[index], int(probabilities[index].argmax())
-        heat = heatmap(forward, gray[:, :, None].astype(np.float32), predicted)
-        examples.append(
-            Example(
-                index,
-                kind,
-                int(labels[index]),
-                predicted,
-                float(probabilities[index, predicted]),
-                _png(gray),
-                _png(overlay(gray, heat)),
-            )
+    if not chosen:
+        return []
+    predicted = [int(probabilities[i].argmax()) for i, _ in chosen]
+    batch = np.stack([images[i][:, :, None] for i, _ in chosen]).astype(np.float32)
+    heat = heatmaps(score_function(model), batch, predicted)
+    return [
+        Example(
+            index,
+            kind,
+            int(labels[index]),
+            label,
+            float(probabilities[index, label]),
+            _png(images[index]),
+            _png(overlay(images[index], cam)),
         )
-    return examples
+        for (index, kind), label, cam in zip(chosen, predicted, heat)
+    ]

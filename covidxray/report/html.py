@@ -28,7 +28,7 @@ th { background: #eef1f4; text-align: left; } td.n { text-align: right; font-var
 .examples { display: flex; flex-wrap: wrap; gap: 10px; }
 .example { border: 1px solid #bbb; padding: 4px; width: 250px; font-size: 0.9em; }
 .example img { width: 120px; image-rendering: pixelated; }
-img.curves { max-width: 100%; }
+.curves svg { margin: 0 4px 4px 0; }
 code { font-size: 0.92em; }
 @media print { body { max-width: none; margin: 0; } h2 { break-after: avoid; } .example, table, img { break-inside: avoid; } }
 """

@@ -183,7 +183,8 @@ def _duplicates(files: RunFiles, manifest: dict) -> str:
 # --- training ---------------------------------------------------------------------------------------------
 
 
-def training(files: RunFiles, curves_png: bytes | None) -> str:
+def training(files: RunFiles, curves: str | None) -> str:
+    """`curves`: the training curves as inline SVG (covidxray/report/plots.py), None without a log."""
     config, log, card = files.yaml(CONFIG_FILE), files.json(TRAIN_LOG), files.json(MODEL_CARD)
     parts = []
     if config is None:
@@ -215,8 +216,8 @@ def training(files: RunFiles, curves_png: bytes | None) -> str:
         f"passes {wall} s "
         "(validation and checkpoints not included).</p>"
     )
-    if curves_png:
-        parts.append(png(curves_png, "training curves", "curves"))
+    if curves:
+        parts.append(curves)
     parts.append(_ranks(log))
     parts.append(_epoch_table(epochs))
     return "".join(parts)
