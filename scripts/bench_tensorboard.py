@@ -6,7 +6,9 @@ every epoch's write with its confusion-matrix image and flush, closing it) is su
 methods. Overhead = board seconds / train() wall seconds, which is the share of an epoch, validation and
 checkpoint included. The confusion matrix itself is a numpy count over predictions validation has anyway.
 As a cross-check on the phantom case, whole train() runs with the board on and off alternate `--repeats`
-times and their median wall times are compared (noisy on a shared 2-core machine: context, not the result).
+times (which goes first alternates too) and their median wall and CPU times are compared: wall time on a
+shared, loaded 2-core machine swings by tens of percent between identical runs, so it is context, and CPU time
+(this process's, all threads) is the steadier comparison.
 Cases: the demo's phantom set (prepared here) and a real prepared set (`--real-data`, e.g. a few hundred
 Kaggle images prepared with `covidxray prepare`).
 
@@ -84,13 +86,14 @@ def timed_training(data_dir: Path, run_dir: Path, model: str, epochs: int, batch
     )
     clock = BoardClock()
     try:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         log = train(config, say=lambda _: None)
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     finally:
         clock.remove()
     return {
         "train_wall_s": wall,
+        "train_cpu_s": cpu,
         "board_s": clock.seconds,
         "epochs": len(log["epochs"]),
         "epoch_training_s_median": statistics.median(e["seconds"] for e in log["epochs"]),
@@ -103,16 +106,19 @@ def timed_training(data_dir: Path, run_dir: Path, model: str, epochs: int, batch
 def report_case(run: str, out: Path, repeats: int) -> dict:
     run_dir, _, data_dir = run.partition("=")
     args = ["report", run_dir, "--out", str(out), *(["--data-dir", data_dir] if data_dir else [])]
-    walls = []
+    walls, cpus = [], []
     for _ in range(repeats):
+        cpu = _bench._cpu_seconds()  # the report process is a finished (grand)child by then: its CPU time counts
         _, code, _, seconds = _bench.measured_run(_bench.covidxray(*args))
         if code != 0:
             raise SystemExit(f"covidxray {' '.join(args)} failed ({code})")
         walls.append(seconds)
+        cpus.append(_bench._cpu_seconds() - cpu)
     return {
         "run": run_dir,
         "data_dir": data_dir or "(config.yaml)",
         **_bench.summarize(walls),
+        "cpu_s_median": statistics.median(cpus),
         "bytes": out.stat().st_size,
     }
 
@@ -131,9 +137,10 @@ def main() -> None:
     results: dict = {"phantom": {}, "real": None, "reports": []}
 
     on, off = [], []
-    for _ in range(args.repeats):  # round-robin: the machine's load drifts over both alike
-        on.append(timed_training(phantom, args.workdir / "run-on", "small_cnn", args.epochs, 32, True))
-        off.append(timed_training(phantom, args.workdir / "run-off", "small_cnn", args.epochs, 32, False))
+    for round_no in range(args.repeats):  # round-robin, first case alternating: load drifts over both alike
+        for tensorboard in (True, False) if round_no % 2 == 0 else (False, True):
+            result = timed_training(phantom, args.workdir / "run", "small_cnn", args.epochs, 32, tensorboard)
+            (on if tensorboard else off).append(result)
     share = statistics.median(r["board_share"] for r in on)
     results["phantom"] = {
         "with_board": on,
@@ -141,8 +148,11 @@ def main() -> None:
         "board_share_median": share,
         "train_wall_on_median_s": statistics.median(r["train_wall_s"] for r in on),
         "train_wall_off_median_s": statistics.median(r["train_wall_s"] for r in off),
+        "train_cpu_on_median_s": statistics.median(r["train_cpu_s"] for r in on),
+        "train_cpu_off_median_s": statistics.median(r["train_cpu_s"] for r in off),
     }
     wall_ratio = results["phantom"]["train_wall_on_median_s"] / results["phantom"]["train_wall_off_median_s"]
+    cpu_ratio = results["phantom"]["train_cpu_on_median_s"] / results["phantom"]["train_cpu_off_median_s"]
     rows = [
         [
             "phantom 64 px, small_cnn",
@@ -151,6 +161,7 @@ def main() -> None:
             statistics.median(r["board_ms_per_epoch"] for r in on),
             share,
             wall_ratio,
+            cpu_ratio,
         ]
     ]
     bench.at_most("TensorBoard share of epoch time, phantom", share, 0.02)
@@ -165,12 +176,13 @@ def main() -> None:
                 real["board_ms_per_epoch"],
                 real["board_share"],
                 "-",
+                "-",
             ]
         )
         bench.at_most("TensorBoard share of epoch time, real data", real["board_share"], 0.02)
     bench.table(
         "TensorBoard cost (median over repeats; board = open + per-epoch writes + close)",
-        ["case", "epochs", "train() wall s", "board ms/epoch", "board share of wall", "wall on/off"],
+        ["case", "epochs", "train() wall s", "board ms/epoch", "board share of wall", "wall on/off", "CPU on/off"],
         rows,
     )
 
@@ -178,12 +190,14 @@ def main() -> None:
     for i, run in enumerate(args.report_run):
         case = report_case(run, args.workdir / f"report-{i}.html", max(1, args.repeats))
         results["reports"].append(case)
-        report_rows.append([case["run"], case["median"], case["bytes"] / 1e6])
+        report_rows.append([case["run"], case["median"], case["cpu_s_median"], case["bytes"] / 1e6])
         bench.at_most(f"report build s, {Path(case['run']).name}", case["median"], 10)
         bench.at_most(f"report MB, {Path(case['run']).name}", case["bytes"] / 1e6, 5)
     if report_rows:
         bench.table(
-            "covidxray report (a new process, as a user runs it)", ["run", "wall s (median)", "MB"], report_rows
+            "covidxray report (a new process, as a user runs it)",
+            ["run", "wall s (median)", "CPU s (median)", "MB"],
+            report_rows,
         )
     bench.finish(args, results)
 
