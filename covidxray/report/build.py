@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -108,8 +109,11 @@ def _examples(files: RunFiles) -> tuple[list | None, str, str | None]:
         model = load_keras_model(files.run_dir / MODEL_FILE)
         predictions = files.run_dir / TEST_PREDICTIONS
         if predictions.is_file():
-            with np.load(predictions) as saved:
-                labels, probabilities = saved["labels"], saved["probabilities"]
+            try:
+                with np.load(predictions) as saved:
+                    labels, probabilities = saved["labels"], saved["probabilities"]
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+                raise UserError(f"{predictions} could not be read ({type(err).__name__}: {err})") from None
             source, note = TEST_PREDICTIONS, ""
         else:
             from covidxray.train.evaluate import predict_split
