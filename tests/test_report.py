@@ -233,6 +233,11 @@ def test_missing_files_are_said_to_be_missing_and_nothing_is_made_up(evaluated_r
     shutil.copytree(evaluated_run, run_dir)
     for name in ("evaluation.json", "roc.png", "export_report.json", "report.html"):
         (run_dir / name).unlink()
+    (run_dir / "test_predictions.npz").write_bytes(b"half a file")  # damaged: said so, never a traceback
+    result = run_cli("report", str(run_dir), "--data-dir", str(synthetic_data), "--out", str(tmp_path / "damaged.html"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    damaged = Page((tmp_path / "damaged.html").read_text())
+    assert "test_predictions.npz could not be read" in damaged.sections["examples"]
     result = run_cli("report", str(run_dir), "--data-dir", str(tmp_path / "nowhere"))
     assert result.returncode == 2 and "--data-dir" in result.stderr and "Traceback" not in result.stderr
 
