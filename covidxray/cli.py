@@ -273,6 +273,25 @@ def evaluate(
 
 
 @app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="A run folder (train, evaluate and export write into it)."),
+    data_dir: Path | None = typer.Option(
+        None, help="The prepared data the run used (default: data.data_dir of the run's config.yaml)."
+    ),
+    out: Path | None = typer.Option(None, "--out", "-o", help="HTML file to write (default: RUN_DIR/report.html)."),
+):
+    """One self-contained HTML page per run (a model card): data, training, evaluation, export, Grad-CAM, intended use."""
+
+    def go():
+        from covidxray.report.build import build_report
+
+        require_train_stack()  # Grad-CAM runs the Keras model: fail now, on an edge install, with what to install
+        print(build_report(run_dir, data_dir, out, say=console.print))
+
+    run(go, "nothing was written (the page is written whole at the end); run report again")
+
+
+@app.command()
 def doctor(
     data_dir: Path | None = typer.Option(
         None,
@@ -445,7 +464,7 @@ def demo(
     workdir: Path = typer.Option(Path("demo"), help="Where the demo's data and run go."),
     epochs: int = typer.Option(10),
 ):
-    """prepare -> train -> export -> predict on generated phantom X-rays (a few minutes on 2 cores)."""
+    """prepare -> train -> evaluate -> export -> predict -> report on generated phantom X-rays (a few minutes on 2 cores)."""
     from covidxray.demo import run_demo
 
     run(lambda: run_demo(workdir, epochs, say=console.print))

@@ -156,6 +156,9 @@ class TrainConfig:
     degrade: float = setting(0.0, low=0.0, high=1.0)
     source_adversary: float = setting(0.0, low=0.0, high=10.0)
     early_stopping_patience: int = setting(0, low=0)  # epochs without val AUC gain; 0 disables
+    # Rank 0 writes TensorBoard event files to <run_dir>/tensorboard, one point per epoch (global step = epoch):
+    # losses, validation metrics, learning rate, images/s per rank, the validation confusion matrix.
+    tensorboard: bool = True
     elastic: bool = False  # launched by horovodrun --min-np/--max-np/--host-discovery-script
     # Horovod, set before hvd.init() (docs/training.md): gradients on the wire as float16 halve the bytes per step;
     # the tensor-fusion buffer (MiB, 0: no fusion) and the background thread's cycle (ms) override horovodrun's flags.

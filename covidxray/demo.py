@@ -1,4 +1,4 @@
-"""`covidxray demo`: the whole product on the embedded phantom data set, in one command."""
+"""`covidxray demo`: the whole product on the embedded phantom data set, in one command, ending with its report."""
 
 from __future__ import annotations
 
@@ -32,18 +32,22 @@ def run_demo(workdir: Path, epochs: int, say: Callable[[str], None] = print) -> 
     from covidxray.data.prepare import SPLIT_TABLE, prepare
     from covidxray.edge.predict import predict_files
     from covidxray.export.tflite import export
+    from covidxray.report.build import build_report
     from covidxray.run_folder import tflite_name
+    from covidxray.train.evaluate import evaluate
     from covidxray.train.trainer import train
 
     config = demo_config(workdir, epochs)
-    say(f"[bold]1/4 prepare[/]: phantom chest X-rays -> {config.data.data_dir}")
+    say(f"[bold]1/6 prepare[/]: phantom chest X-rays -> {config.data.data_dir}")
     with progress_bar("preparing") as advance:
         manifest = prepare(config.data, progress=advance)
-    say(f"[bold]2/4 train[/]: {config.train.model}, {epochs} epochs -> {config.train.run_dir}")
+    say(f"[bold]2/6 train[/]: {config.train.model}, {epochs} epochs -> {config.train.run_dir}")
     train(config, say=say)
-    say("[bold]3/4 export[/]: TFLite float32, checked against Keras on the test split")
+    say("[bold]3/6 evaluate[/]: the test split, thresholds chosen on val")
+    evaluate(config, say=say)
+    say("[bold]4/6 export[/]: TFLite float32, checked against Keras on the test split")
     report = export(config, say=say)
-    say("[bold]4/4 predict[/]: one held-out image per class, LiteRT interpreter")
+    say("[bold]5/6 predict[/]: one held-out image per class, LiteRT interpreter")
     with open(Path(config.data.data_dir) / SPLIT_TABLE, newline="") as handle:
         test_rows = [row for row in csv.DictReader(handle) if row["split"] == "test"]
     examples = {row["class"]: Path(row["image"]) for row in reversed(test_rows)}
@@ -58,4 +62,7 @@ def run_demo(workdir: Path, epochs: int, say: Callable[[str], None] = print) -> 
     accuracy = report["float32"]["accuracy"]
     chance = max(manifest["splits"]["test"]["classes"].values()) / manifest["splits"]["test"]["records"]
     say(f"test accuracy {accuracy:.1%} (majority-class baseline {chance:.1%}); model: {model_path}")
+    say("[bold]6/6 report[/]: the run's model card as one HTML page")
+    page = build_report(Path(config.train.run_dir), Path(config.data.data_dir), say=say)
+    say(f"report: {page}")
     return report

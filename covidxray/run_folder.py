@@ -5,10 +5,10 @@ Rank 0 of `train` holds RUN_LOCK while it runs and writes MODEL_FILE (the best K
 the model needs to be used: labels, image size, preprocessing version,
 manifest sha256), CONFIG_FILE, TRAIN_LOG and CHECKPOINTS/ with the LATEST
 pointer, which is the commit point of a resumable run: it names a complete
-checkpoint folder. `export` writes SAVED_MODEL_DIR, one `tflite_name(fmt)`
+checkpoint folder; unless train.tensorboard is false, also TENSORBOARD_DIR/. `export` writes SAVED_MODEL_DIR, one `tflite_name(fmt)`
 plus its `sidecar_path` per format, and EXPORT_REPORT. `evaluate` writes
 EVALUATION, and with `--external` one `external_copies_name(i)` table per
-external data set (the images dropped as copies). Every JSON file here is
+external data set (the images dropped as copies), and TEST_PREDICTIONS. `report` writes REPORT_FILE. Every JSON file here is
 written atomically (`write_json`), so a reader sees the old or the new file.
 
 Imports only the standard library and covidxray's own light modules.
@@ -34,6 +34,9 @@ EVALUATION = "evaluation.json"
 SAVED_MODEL_DIR = "saved_model"
 EXPORT_REPORT = "export_report.json"
 CONVERTER_LOG = "export_converter.log"
+TENSORBOARD_DIR = "tensorboard"  # rank 0's event files, one point per epoch (covidxray/train/tensorboard.py)
+TEST_PREDICTIONS = "test_predictions.npz"  # evaluate: every test image's probabilities, in shard order
+REPORT_FILE = "report.html"  # `covidxray report`: the run's model card (covidxray/report/)
 DEFAULT_FORMAT = "float32"
 
 

@@ -125,6 +125,7 @@ TRAINING_COMMANDS = {
     "evaluate": ["evaluate", "--data-dir", "{data}", "--run-dir", "{run}"],
     "export": ["export", "--format", "int8", "--data-dir", "{data}", "--run-dir", "{run}"],
     "demo": ["demo", "--epochs", "1", "--workdir", "{tmp}/demo"],
+    "report": ["report", "{run}", "--out", "{tmp}/report.html"],
     "doctor": ["doctor"],
 }
 

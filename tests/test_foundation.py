@@ -23,6 +23,11 @@ def test_demo_runs_every_stage_and_beats_chance(tmp_path):
     # predict ran on one held-out image per class through the exported model (an answer, or a reason for none)
     answered = re.findall(r": true (\S+), (?:predicted|no class)", result.stderr)
     assert sorted(answered) == sorted(manifest["labels"]), result.stderr[-3000:]
+    # and ended with the run's report, whose path it printed (tests/test_report.py checks its content)
+    page = run_dir / "report.html"
+    assert f"report: {page}" in " ".join(result.stderr.split()), result.stderr[-3000:]
+    assert all(f'<section id="{s}">' in page.read_text() for s in ("data-card", "evaluation", "intended-use"))
+    assert (run_dir / "evaluation.json").is_file() and (run_dir / "tensorboard").is_dir()
 
 
 def test_manifest_describes_the_shards(synthetic_data):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV_BIN, have_horovod, run_cli
 from kill_worker import run_killing_one_worker
+from test_tensorboard import assert_board_matches_log
 
 pytestmark = pytest.mark.skipif(not have_horovod(), reason="horovod is not installed in this venv")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -63,6 +64,7 @@ def test_gloo_two_ranks_agree_warm_up_and_only_rank_0_writes(synthetic_data, tmp
     assert [e["lr"] for e in log["epochs"]] == pytest.approx([0.002, 0.002])
     assert log["optimizer_steps"] == 2 * log["steps_per_epoch"]
     assert "[1]<stderr>:epoch" not in result.stdout + result.stderr
+    assert_board_matches_log(tmp_path / "rank0", images_for={1, 2})  # both ranks' images/s, written by rank 0 once
 
 
 @pytest.mark.slow
@@ -132,6 +134,8 @@ def test_elastic_job_survives_a_killed_worker(synthetic_data, tmp_path):
     assert log["elastic"] is True and len(log["weights_sha256_per_rank"]) == 1
     latest = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
     assert latest["epoch"] == epochs
+    # the new rank 0 continued the old one's TensorBoard curves: every epoch once, the log's values
+    assert_board_matches_log(run_dir, images_for=None, rank_local=True)
 
 
 def test_discovery_script_prints_host_slots(tmp_path):

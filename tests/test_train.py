@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import covidxray_cmd, run_cli
+from test_tensorboard import assert_board_matches_log
 
 from covidxray.manifest import shard_paths
 from covidxray.train.input import assign_shards, rank_records
@@ -236,6 +237,8 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_same_epochs(synthetic_data, 
     assert (run_dir / "model.keras").is_file() and json.loads((run_dir / "model.json").read_text())["best"][
         "epoch"
     ] <= epochs
+    # TensorBoard continued the same curves: every epoch once, with the log's values (tests/test_tensorboard.py)
+    assert_board_matches_log(run_dir, images_for=set(range(1, epochs + 1)))
 
 
 def test_shipped_configs_load_and_default_yaml_is_the_defaults():

@@ -62,17 +62,26 @@ def score_function(model: tf.keras.Model) -> Callable[[tf.Tensor], tuple[tf.Tens
     return forward
 
 
-def heatmap(forward: Callable, image: np.ndarray, class_index: int) -> np.ndarray:
-    """(size, size, 1) model input -> heat map in [0, 1] at the feature map's resolution."""
-    batch = tf.convert_to_tensor(image[None], tf.float32)
+def heatmaps(forward: Callable, images: np.ndarray, class_indices: list[int]) -> np.ndarray:
+    """(n, size, size, 1) model inputs -> n heat maps in [0, 1] at the feature map's resolution, each of its class.
+
+    One pass for the batch: in inference mode an image's score depends on its own feature maps only, so the
+    gradient of the summed scores is, image by image, the gradient of that image's score.
+    """
+    batch = tf.convert_to_tensor(images, tf.float32)
     with tf.GradientTape() as tape:
         maps, scores = forward(batch)
-        score = scores[:, class_index]
+        score = tf.reduce_sum(scores * tf.one_hot(class_indices, scores.shape[-1]))
     grads = tape.gradient(score, maps)
     weights = tf.reduce_mean(grads, axis=(1, 2), keepdims=True)
-    cam = tf.nn.relu(tf.reduce_sum(weights * maps, axis=-1))[0].numpy()
-    peak = float(cam.max())
-    return cam / peak if peak > 0 else cam
+    cams = tf.nn.relu(tf.reduce_sum(weights * maps, axis=-1)).numpy()
+    peaks = cams.max(axis=(1, 2), keepdims=True)
+    return cams / np.where(peaks > 0, peaks, 1)
+
+
+def heatmap(forward: Callable, image: np.ndarray, class_index: int) -> np.ndarray:
+    """(size, size, 1) model input -> heat map in [0, 1] at the feature map's resolution."""
+    return heatmaps(forward, image[None], [class_index])[0]
 
 
 def overlay(gray: np.ndarray, heat: np.ndarray) -> np.ndarray:

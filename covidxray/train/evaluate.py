@@ -22,9 +22,16 @@ import numpy as np
 from covidxray.config import Config
 from covidxray.errors import UserError
 from covidxray.export.keras_file import load_keras_model
-from covidxray.files import atomic_path
+from covidxray.files import atomic_open, atomic_path
 from covidxray.manifest import check_model_matches, require_intact_shards, shard_paths
-from covidxray.run_folder import EVALUATION, MODEL_FILE, external_copies_name, read_model_card, write_json
+from covidxray.run_folder import (
+    EVALUATION,
+    MODEL_FILE,
+    TEST_PREDICTIONS,
+    external_copies_name,
+    read_model_card,
+    write_json,
+)
 from covidxray.train import external
 from covidxray.train.by_source import UNSEEN, per_source_report, split_sources
 from covidxray.train.metrics import (
@@ -99,6 +106,12 @@ def calibration_report(labels: np.ndarray, probabilities: np.ndarray, bins: int 
         "class's probability against that class's frequency, averaged over classes",
         "reliability": reliability_bins(labels, probabilities, bins),
     }
+
+
+def save_test_predictions(path: Path, labels: np.ndarray, probabilities: np.ndarray) -> None:
+    """Every test image's true class and probabilities, in shard order (`covidxray report` picks its examples here)."""
+    with atomic_open(path, "wb") as handle:
+        np.savez_compressed(handle, labels=labels.astype(np.int64), probabilities=probabilities.astype(np.float32))
 
 
 def _save_figure(figure, path: Path) -> None:
@@ -266,6 +279,7 @@ def evaluate(
         for index, external_dir in enumerate(externals)
     ]
     write_json(run_dir / EVALUATION, report)
+    save_test_predictions(run_dir / TEST_PREDICTIONS, test_labels, test_probs)
     plot_roc(run_dir / ROC_PLOT, test_labels, test_probs, report)
     plot_confusion(run_dir / CONFUSION_PLOT, report)
     plot_reliability(run_dir / RELIABILITY_PLOT, report["calibration"])
@@ -289,7 +303,7 @@ def evaluate(
     for entry in report["external"]:
         for line in external.describe(entry, describe_source):
             say(line)
-    say(f"wrote {EVALUATION}, {ROC_PLOT}, {CONFUSION_PLOT}, {RELIABILITY_PLOT} to {run_dir}")
+    say(f"wrote {EVALUATION}, {TEST_PREDICTIONS}, {ROC_PLOT}, {CONFUSION_PLOT}, {RELIABILITY_PLOT} to {run_dir}")
     return report
 
 

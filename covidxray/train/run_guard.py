@@ -13,7 +13,7 @@
   differs from what the run started with, naming each difference; `--force`
   continues anyway and records the new inputs. Settings that may change on a
   resume without changing what is learned so far: epochs (to train longer),
-  run_dir, elastic and early_stopping_patience. A resume from a checkpoint
+  run_dir, elastic, early_stopping_patience and tensorboard. A resume from a checkpoint
   without the record of its inputs refuses too, unless `--force`.
 
 Any rank's problem is gathered to every rank and raised everywhere, so a
@@ -42,7 +42,7 @@ from covidxray.run_folder import CHECKPOINTS, LATEST, RUN_LOCK, write_json
 from covidxray.train.input import assign_shards
 
 RUN_INPUTS = "run_inputs.json"  # the data set and settings this run's checkpoints were trained with
-RESUMABLE_CHANGES = ("epochs", "run_dir", "elastic", "early_stopping_patience")
+RESUMABLE_CHANGES = ("epochs", "run_dir", "elastic", "early_stopping_patience", "tensorboard")
 
 
 class RunLock:

@@ -42,6 +42,7 @@ from covidxray.run_folder import (
     LATEST,
     MODEL_CARD,
     MODEL_FILE,
+    TENSORBOARD_DIR,
     TRAIN_LOG,
     read_latest,
     write_json,
@@ -52,12 +53,13 @@ from covidxray.train.batchnorm import batches_per_rank, recompute_statistics
 from covidxray.train.distributed import HorovodTuning, World, check_launch_mode, init_world
 from covidxray.train.finetune import hold_fixed
 from covidxray.train.input import make_dataset, predict_batches
-from covidxray.train.metrics import cross_entropy, macro_auc
+from covidxray.train.metrics import confusion_matrix, cross_entropy, macro_auc
 from covidxray.train.models import build_model
 from covidxray.train.run_guard import check_before_training
 from covidxray.train.schedule import LearningRateSchedule
 from covidxray.train.source_balance import class_weights_in_stream, source_aware, train_sources
 from covidxray.train.state import MONITOR, PREDICTED_CLASSES, TrainingState
+from covidxray.train.tensorboard import EpochBoard
 
 KEEP_CHECKPOINTS = 2
 
@@ -80,8 +82,8 @@ def clean_metrics(logs: dict) -> dict:
     return {k: (None if math.isnan(v) else v) for k, v in values.items()}
 
 
-def validation_metrics(world: World, model: tf.keras.Model, dataset: tf.data.Dataset) -> dict:
-    """Validation metrics from every rank's slice of the val split, gathered into one exact set.
+def validation_metrics(world: World, model: tf.keras.Model, dataset: tf.data.Dataset) -> tuple[dict, np.ndarray]:
+    """Validation metrics from every rank's slice of the val split, gathered into one exact set, and its confusion matrix.
 
     Each rank predicts only its share, so validation costs 1/size of the
     split per rank; the gathered predictions give the true AUC of the whole
@@ -91,12 +93,13 @@ def validation_metrics(world: World, model: tf.keras.Model, dataset: tf.data.Dat
     probs = np.concatenate([p for p, _ in gathered])
     truth = np.concatenate([t for _, t in gathered])
     auc = macro_auc(truth, probs)
-    return {
+    metrics = {
         "val_loss": cross_entropy(truth, probs),
         "val_accuracy": float((probs.argmax(1) == truth).mean()),
         MONITOR: float("nan") if auc is None else auc,
         PREDICTED_CLASSES: len(np.unique(probs.argmax(1))),
     }
+    return metrics, confusion_matrix(truth, probs.argmax(1), probs.shape[1])
 
 
 class EndOfEpoch(tf.keras.callbacks.Callback):
@@ -105,7 +108,8 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
     `state` is the object of World.make_state; `state.training` is the
     TrainingState committed after the last finished epoch. `recalibration`:
     (training data, batches per rank) to re-estimate the BN statistics from,
-    or None.
+    or None. `board`: rank 0's TensorBoard writer, or None (other ranks, or
+    train.tensorboard false).
     """
 
     def __init__(
@@ -122,6 +126,7 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
         checkpoint: tf.train.Checkpoint,
         card: dict,
         say: Callable[[str], None],
+        board: EpochBoard | None = None,
     ):
         super().__init__()
         self.world, self.state, self.val_ds, self.recalibration, self.patience = (
@@ -132,7 +137,7 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
             patience,
         )
         self.run_dir, self.header, self.images_per_epoch = run_dir, header, images_per_epoch
-        self.checkpoint, self.card, self.say = checkpoint, card, say
+        self.checkpoint, self.card, self.say, self.board = checkpoint, card, say, board
         self.average_over_ranks = world.metric_averager()
         self.started = self.last_batch_end = 0.0
 
@@ -146,7 +151,8 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
         training = replace(self.state.training, epoch=epoch + 1)  # Keras counts from 0, the log and checkpoints from 1
         if self.recalibration:  # val and the saved model use statistics that fit the weights
             self.recalibrate_batchnorm(*self.recalibration)
-        logs.update(validation_metrics(self.world, self.model, self.val_ds))
+        metrics, confusion = validation_metrics(self.world, self.model, self.val_ds)
+        logs.update(metrics)
         self.average_over_ranks(epoch, logs)  # before any step reads a metric
         metrics = clean_metrics(logs)
         training = self.log_epoch(training, metrics)
@@ -155,7 +161,9 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
             self.model.stop_training = True
         if self.world.is_root:  # the checkpoint carries this epoch's best and early-stopping count
             self.save_checkpoint(training)
-        self.commit(training)  # last: an elastic rollback returns to a finished epoch, never half of one
+        self.commit(training)  # an elastic rollback returns to a finished epoch, never half of one
+        if self.board:  # after the commit: TensorBoard only ever shows epochs a resume or rollback keeps
+            self.board.write(training.history[-1], confusion)
 
     def recalibrate_batchnorm(self, dataset: tf.data.Dataset, batches: int) -> None:
         recompute_statistics(self.model, dataset.take(batches), self.world)
@@ -270,13 +278,16 @@ def _restore(run_dir: Path, checkpoint: tf.train.Checkpoint) -> TrainingState | 
 
 
 def _prepare_run_dir(run_dir: Path, resume: bool, say: Callable[[str], None]) -> None:
-    """Rank 0: drop half-written leftovers; without --resume, also the previous run's checkpoints."""
+    """Rank 0: drop half-written leftovers; without --resume, also the previous run's checkpoints; without a
+    checkpoint to continue, its TensorBoard curves."""
     checkpoints = run_dir / CHECKPOINTS
     for leftover in [*run_dir.glob(f"*{PARTIAL}*"), *checkpoints.glob(f".*{PARTIAL}")]:
         shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     if not resume and checkpoints.exists():
         say(f"starting over in {run_dir}: removing the previous run's checkpoints (use --resume to continue it)")
         shutil.rmtree(checkpoints)
+    if read_latest(run_dir) is None:  # training from epoch 0 (started over, or nothing to resume): curves afresh
+        shutil.rmtree(run_dir / TENSORBOARD_DIR, ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
@@ -394,9 +405,12 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
                     say(f"measuring the frozen BN statistics on {cfg.bn_recalibration_images} training images")
                     recompute_statistics(model, calibration_ds.take(recalibration[1]), world)
                 recalibration = None
+        board = None
         if world.is_root:  # possibly a new rank 0 on another board, whose run dir is still empty
             run_dir.mkdir(parents=True, exist_ok=True)
             config.save(run_dir / CONFIG_FILE)
+            if cfg.tensorboard:  # also writes committed epochs the event files lack (resumed, or a new rank 0)
+                board = EpochBoard(run_dir / TENSORBOARD_DIR, labels, state.training.history)
         callbacks = [
             LearningRateSchedule(scaled_lr, cfg.warmup_epochs, cfg.epochs, steps_per_epoch, cfg.lr_schedule),
             EndOfEpoch(
@@ -411,23 +425,28 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
                 checkpoint=checkpoint,
                 card=card,
                 say=say,
+                board=board,
             ),
         ]
         start = state.training  # as last committed: resumed, or rolled back after a lost worker
-        if start.epoch < cfg.epochs and not start.stopped_early(cfg.early_stopping_patience):
-            say(
-                f"training {cfg.model} on {train_records} images, {world.size} rank(s), {steps_per_epoch} steps/epoch, "
-                f"lr {scaled_lr:g}, from epoch {start.epoch + 1} of {cfg.epochs}"
-            )
-            model.fit(
-                train_ds,
-                epochs=cfg.epochs,
-                initial_epoch=start.epoch,
-                steps_per_epoch=steps_per_epoch,
-                class_weight=None if class_weights_in_stream(cfg) else weights,
-                callbacks=callbacks,
-                verbose=1 if world.is_root and os.isatty(1) else 0,
-            )
+        try:
+            if start.epoch < cfg.epochs and not start.stopped_early(cfg.early_stopping_patience):
+                say(
+                    f"training {cfg.model} on {train_records} images, {world.size} rank(s), {steps_per_epoch} steps/epoch, "
+                    f"lr {scaled_lr:g}, from epoch {start.epoch + 1} of {cfg.epochs}"
+                )
+                model.fit(
+                    train_ds,
+                    epochs=cfg.epochs,
+                    initial_epoch=start.epoch,
+                    steps_per_epoch=steps_per_epoch,
+                    class_weight=None if class_weights_in_stream(cfg) else weights,
+                    callbacks=callbacks,
+                    verbose=1 if world.is_root and os.isatty(1) else 0,
+                )
+        finally:
+            if board:
+                board.close()
         end = state.training
         # Proof that data parallelism kept the replicas identical: every rank's weight digest.
         return {
