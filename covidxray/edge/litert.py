@@ -31,6 +31,7 @@ from covidxray.files import partial_path
 from covidxray.run_folder import sidecar_path
 
 EMBEDDING_OUTPUT = "embedding"  # the second output's signature name (covidxray/export/tflite.py)
+CLASS_MAPS_OUTPUT = "class_maps"  # optional third: Grad-CAM's maps of every class (covidxray/edge/class_maps.py)
 # Every entry predict's answer depends on: without `ood` or `layout` a gate check would be silently off.
 REQUIRED_KEYS = ("labels", "image_size", "temperature", "ood", "layout", "orientation")
 PAIR_READS, PAIR_RETRY_S = 3, 0.5  # a pair read between export's two renames matches when read again
@@ -93,6 +94,12 @@ def _sidecar_problem(
     return None
 
 
+def _class_maps_problem(shape: list[int], num_classes: int) -> str | None:
+    if len(shape) != 4 or shape[0] != 1 or shape[-1] != num_classes:
+        return f"model's {CLASS_MAPS_OUTPUT} output has shape {shape}, not (1, height, width, {num_classes})"
+    return None
+
+
 class TFLiteClassifier:
     def __init__(
         self, model_path: str | Path, threads: int = 1, flatbuffer: bytes | None = None, card: dict | None = None
@@ -122,6 +129,7 @@ class TFLiteClassifier:
         outputs = self._named_outputs()
         self.output = outputs.get("probabilities", self.interpreter.get_output_details()[0])
         self.embedding_output = outputs.get(EMBEDDING_OUTPUT)
+        self.class_maps_output = outputs.get(CLASS_MAPS_OUTPUT)
         embedding_dim = int(self.embedding_output["shape"][-1]) if self.embedding_output else None
         if not isinstance(sidecar, dict):
             raise self._unusable(f"holds a JSON {type(sidecar).__name__}, not an object")
@@ -133,6 +141,8 @@ class TFLiteClassifier:
             embedding_dim,
             REQUIRED_KEYS if bound else ("labels", "image_size"),
         )
+        if problem is None and self.class_maps_output is not None:
+            problem = _class_maps_problem(list(self.class_maps_output["shape"]), int(self.output["shape"][-1]))
         if problem:
             raise self._unusable(problem)
         self.card = card
@@ -254,6 +264,13 @@ class TFLiteClassifier:
         return probabilities, self._dequantize(
             self.interpreter.get_tensor(self.embedding_output["index"]), self.embedding_output
         )[0]
+
+    def class_maps(self) -> np.ndarray:
+        """(h, w, classes) class activation maps of the last `infer` (covidxray/edge/class_maps.py)."""
+        if self.class_maps_output is None:
+            raise ValueError(f"{self.path} has no {CLASS_MAPS_OUTPUT} output")
+        details = self.class_maps_output
+        return self._dequantize(self.interpreter.get_tensor(details["index"]), details)[0]
 
     def calibrated(self, probabilities: np.ndarray) -> np.ndarray:
         """The sidecar's temperature applied (a model exported without one keeps its own probabilities)."""
