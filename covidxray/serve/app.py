@@ -186,6 +186,10 @@ def create_app(
     def style():
         return page.STYLE, 200, {"Content-Type": "text/css; charset=utf-8"}
 
+    @app.get("/favicon.ico")
+    def favicon():
+        return "", 204  # none; browsers ask for it anyway
+
     @app.get("/healthz")
     def healthz():
         return jsonify(

@@ -19,7 +19,7 @@ INDEX = """<!doctype html>
 <main>
 <h1>Classify a chest X-ray</h1>
 <p class="notice" id="notice">Not a diagnosis. This is a research model's output, for a clinician to weigh with the
-patient, never instead of one. The image stays on this device.</p>
+patient, never instead of one. The image is classified on this server and sent nowhere else.</p>
 <form id="form">
 <label id="drop" for="file">Choose or drop a PNG, JPEG or DICOM image
 <input type="file" id="file" name="file" accept=".png,.jpg,.jpeg,.dcm,.dicom,image/png,image/jpeg,application/dicom">

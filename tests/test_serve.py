@@ -1,0 +1,286 @@
+"""`covidxray serve` from outside, as a client on 127.0.0.1 sees it: its answers against `covidxray predict --json`
+(the oracle) on the same files, its limits, its token and headers, and the faults a network brings. Every test
+counts the statuses it saw; the server's whole output is checked for tracebacks when it stops.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import struct
+import zlib
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from conftest import SHARED_DATA, run_cli
+from serving import start_server, stop_server
+from test_predict import held_out_images
+
+pytest.importorskip("flask")
+pytest.importorskip("waitress")
+
+LIMIT_MB = 4  # a small upload limit, so the refusals are quick to provoke
+
+
+def model_file(run_dir: Path) -> Path:
+    return run_dir / "model-float32.tflite"
+
+
+@pytest.fixture(scope="module")
+def server(exported_run, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    running = start_server(model_file(exported_run), log, "--set", f"serve.max_upload_mb={LIMIT_MB}")
+    yield running
+    output = stop_server(running)
+    assert "Traceback" not in output, output
+    assert [s for s in running.statuses if s >= 500] == []
+
+
+def without_file(entry: dict) -> dict:
+    return {key: value for key, value in entry.items() if key != "file"}
+
+
+def photo_files(folder: Path) -> dict[str, Path]:
+    """A gray photo (the radiograph gate's to refuse) and a colour one (refused as a photo while decoding)."""
+    from skimage import data
+
+    folder.mkdir(exist_ok=True)
+    cv2.imwrite(str(folder / "camera.png"), data.camera())
+    cv2.imwrite(str(folder / "astronaut.jpg"), cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR))
+    (folder / "notes.txt").write_text("not an image")
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    return {p.name: p for p in folder.iterdir()}
+
+
+def real_files(root: Path) -> list[Path]:
+    """A real PNG film and the real radiograph DICOM files of ../shared/data, when present."""
+    pngs = sorted(root.glob("covid-chestxray-sample/**/*.png"))[:1]
+    dicoms = sorted(p for p in (root / "dicom").glob("*") if p.is_file())
+    return pngs + dicoms
+
+
+def test_answers_equal_predict_json_for_the_same_files(server, exported_run, synthetic_data, tmp_path):
+    files = [*held_out_images(synthetic_data, 4), *photo_files(tmp_path / "bad").values()]
+    files += real_files(SHARED_DATA)[:4] if SHARED_DATA.is_dir() else []  # real films and DICOM, when present
+    result = run_cli("predict", "--json", "--model", str(model_file(exported_run)), *map(str, files))
+    expected = json.loads(result.stdout)
+    assert len(expected) == len(files)
+    kinds = set()
+    for path, oracle in zip(files, expected):
+        status, answer = server.post(path.read_bytes(), filename=path.name)
+        assert answer["file"] == path.name
+        assert without_file(answer) == without_file(oracle), path.name
+        kinds.add("label" if "label" in answer else "rejected" if "rejected" in answer else answer["reason"])
+        assert status == (200 if "label" in answer else 422), (path.name, answer)
+    assert {"label", "rejected", "not-xray", "unreadable"} <= kinds  # each kind of answer was compared
+
+
+def test_healthz_names_the_model_and_its_sidecar(server, exported_run):
+    import hashlib
+
+    status, health = server.request("GET", "healthz")
+    card = json.loads(model_file(exported_run).with_suffix(".json").read_text())
+    content = {key: value for key, value in card.items() if key != "tflite_sha256"}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert status == 200 and health["status"] == "ok"
+    assert health["model"] == "model-float32.tflite" and health["sidecar_version"] == digest
+    assert health["labels"] == card["labels"] and health["uptime_s"] >= 0
+    assert "small_cnn" in health["overlay"]  # the phantom model has no class maps, and says why
+
+
+def test_every_answer_carries_the_headers_that_stop_framing_and_injection(server):
+    import urllib.request
+
+    for path in ("", "app.js", "healthz", "nope"):
+        try:
+            response = urllib.request.urlopen(server.url + path, timeout=30)
+        except urllib.error.HTTPError as err:
+            response = err
+        headers = response.headers
+        assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+        assert "script-src 'self'" in headers["Content-Security-Policy"]  # no inline script runs
+        assert headers["X-Frame-Options"] == "DENY" and headers["X-Content-Type-Options"] == "nosniff"
+    assert response.status == 404 and json.loads(response.read())["error"]
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A tiny valid-looking PNG whose header declares width x height (a decompression bomb's header)."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    rows = zlib.compress(b"\x00" * (width + 1) * 64)  # a few rows of zeros: compresses ~1000:1
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+
+
+def test_a_decompression_bomb_is_refused_before_decoding(server):
+    status, answer = server.post(png_declaring(30000, 30000), filename="bomb.png")
+    assert status == 413 and answer["reason"] == "too-large" and "900,000,000" in answer["error"]
+
+
+def test_a_path_in_the_file_name_is_shown_as_a_name_and_never_opened(server, synthetic_data, tmp_path):
+    real = held_out_images(synthetic_data, 1)[0]  # a file the server could classify, if it opened the path
+    status, answer = server.post(b"not an image", filename=str(real))
+    assert status == 422 and answer["reason"] == "unreadable" and answer["file"] == real.name
+    status, answer = server.post(real.read_bytes(), filename="..\\\\..\\\\windows\\\\x.png")  # quoted-string escapes: the name has single backslashes
+    assert status == 200 and answer["file"] == "x.png"
+
+
+def test_requests_that_are_not_an_upload_get_a_clear_4xx(server):
+    assert server.request("POST", "predict", b"a=b", {"Content-Type": "application/x-www-form-urlencoded"})[0] == 415
+    status, answer = server.request("POST", "predict", b"", {"Content-Type": "multipart/form-data; boundary=x"})
+    assert status == 400 and answer["error"]
+    assert server.post(b"", filename="empty.png")[0] == 400
+    assert server.request("GET", "predict")[0] == 405
+
+
+def raw_request(url: str, head: str, body_bytes: int, chunk: bytes = b"\0" * 65536) -> tuple[bytes, int]:
+    """Send `head`, then up to `body_bytes` of body, stopping when the server answers or closes;
+    (the answer's first bytes, the body bytes sent)."""
+    host, port = url.split("//")[1].rstrip("/").split(":")
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode())
+        sock.setblocking(False)
+        while sent < body_bytes:
+            try:
+                answer = sock.recv(4096)
+                if answer:
+                    return answer, sent
+            except BlockingIOError:
+                pass
+            try:
+                sent += sock.send(chunk[: body_bytes - sent])
+            except BlockingIOError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        sock.setblocking(True)
+        try:
+            return sock.recv(4096), sent
+        except ConnectionResetError:
+            return b"", sent
+
+
+def test_a_2gb_upload_is_refused_from_its_length_without_reading_it(server):
+    head = "POST /predict HTTP/1.1\r\nHost: {}\r\nContent-Type: multipart/form-data; boundary=x\r\nContent-Length: {}\r\n\r\n"
+    host = server.url.split("//")[1].rstrip("/")
+    answer, sent = raw_request(server.url, head.format(host, 2 << 30), 2 << 30)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert sent < 64 << 20  # refused long before 2 GB went over the wire
+    chunked = f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: multipart/form-data; boundary=x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    block = b"10000\r\n" + b"\0" * 65536 + b"\r\n"  # endless 64 KiB chunks
+    answer, sent = raw_request(server.url, chunked, 2 << 30, block)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert sent < (LIMIT_MB + 16) << 20  # read only up to the limit
+    server.statuses += [413, 413]
+
+
+def test_a_client_that_disconnects_mid_upload_leaves_the_server_serving(server, synthetic_data):
+    host = server.url.split("//")[1].rstrip("/")
+    for _ in range(5):
+        with socket.create_connection((host.split(":")[0], int(host.split(":")[1])), timeout=30) as sock:
+            sock.sendall(
+                f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+                f"Content-Length: {3 << 20}\r\n\r\n".encode() + b"\0" * (1 << 20)
+            )
+    image = held_out_images(synthetic_data, 1)[0]
+    assert server.post(image.read_bytes(), filename=image.name)[0] == 200
+
+
+def test_a_full_queue_answers_503_at_once_and_the_rest_are_answered(exported_run, synthetic_data, tmp_path):
+    running = start_server(
+        model_file(exported_run), tmp_path / "serve.log", "--set", "serve.workers=1", "--set", "serve.queue=1"
+    )
+    image = held_out_images(synthetic_data, 1)[0].read_bytes()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            statuses = sorted(s for s, _ in pool.map(lambda _: running.post(image, filename="x.png"), range(12)))
+    finally:
+        output = stop_server(running)
+    assert "Traceback" not in output
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= 2 and 503 in statuses
+
+
+def test_a_token_is_needed_on_every_request_and_the_page_gets_it_as_a_cookie(exported_run, synthetic_data, tmp_path):
+    import urllib.request
+
+    token = "a-long-enough-test-token"
+    running = start_server(model_file(exported_run), tmp_path / "serve.log", "--token", token)
+    image = held_out_images(synthetic_data, 1)[0].read_bytes()
+    try:
+        assert running.request("GET", "healthz", headers={})[0] == 401
+        assert running.request("GET", "healthz", headers={"Authorization": "Bearer wrong-token-wrong-token"})[0] == 401
+        assert running.post(image, headers={"Authorization": "Bearer nope"})[0] == 401
+        running.token = token
+        assert running.request("GET", "healthz")[0] == 200
+        assert running.post(image, filename="x.png")[0] == 200
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *args, **kwargs):
+                return None
+
+        try:
+            urllib.request.build_opener(NoRedirect).open(running.url + f"?token={token}", timeout=30)
+            raise AssertionError("no redirect")
+        except urllib.error.HTTPError as err:
+            assert err.code == 303 and err.headers["Location"] == "/"
+            cookie = err.headers["Set-Cookie"]
+        assert token in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        page = urllib.request.Request(running.url, headers={"Cookie": cookie.split(";")[0]})
+        assert b"Classify a chest X-ray" in urllib.request.urlopen(page, timeout=30).read()
+    finally:
+        output = stop_server(running)
+    assert "Traceback" not in output
+
+
+def test_an_address_beyond_loopback_gets_a_generated_token(exported_run, tmp_path):
+    running = start_server(model_file(exported_run), tmp_path / "serve.log", "--host", "0.0.0.0")
+    try:
+        assert running.token and len(running.token) >= 16
+        assert running.request("GET", "healthz", headers={})[0] == 401
+        assert running.request("GET", "healthz")[0] == 200
+    finally:
+        stop_server(running)
+
+
+def test_without_a_token_only_a_loopback_host_header_is_answered(server):
+    assert server.request("GET", "healthz", headers={"Host": "attacker.example:80"})[0] == 403  # DNS rebinding
+
+
+# Run before the CLI in the server's interpreter: any temporary file (waitress' body spool, Werkzeug's
+# multipart spool) fails the request loudly.
+NO_TEMP_FILES = """
+import tempfile
+def _refuse(*args, **kwargs):
+    raise RuntimeError("a temporary file was opened")
+tempfile.TemporaryFile = tempfile.NamedTemporaryFile = tempfile.SpooledTemporaryFile = tempfile.mkstemp = _refuse
+"""
+
+
+def test_no_upload_touches_the_disk_unless_kept(exported_run, synthetic_data, tmp_path):
+    image = held_out_images(synthetic_data, 1)[0]
+    # 3 MB: above Werkzeug's 500 KB spool and waitress' 512 KB body buffer, each of which would write a file
+    big = cv2.resize(cv2.imread(str(image), cv2.IMREAD_GRAYSCALE), (1800, 1800))
+    big = np.clip(big + np.random.default_rng(0).normal(0, 12, big.shape), 0, 255).astype(np.uint8)
+    data = cv2.imencode(".png", big)[1].tobytes()
+    assert len(data) > 2 << 20
+    running = start_server(model_file(exported_run), tmp_path / "serve.log", wrapper=NO_TEMP_FILES)
+    try:
+        status, answer = running.post(data, filename="big.png")
+    finally:
+        output = stop_server(running)
+    assert status in (200, 422) and "error" not in answer, answer
+    assert "Traceback" not in output and "temporary file" not in output
+    kept = tmp_path / "kept"
+    running = start_server(model_file(exported_run), tmp_path / "keep.log", "--keep", str(kept))
+    try:
+        running.post(image.read_bytes(), filename="../../x.png")
+    finally:
+        stop_server(running)
+    [saved] = kept.iterdir()
+    assert saved.read_bytes() == image.read_bytes() and saved.suffix == ".png" and "x" not in saved.stem[:8]
