@@ -33,9 +33,13 @@ class Server:
         """(status, JSON answer) of POST /predict with `data` as the multipart field `file`."""
         boundary = uuid.uuid4().hex
         body = (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
-            "Content-Type: application/octet-stream\r\n\r\n"
-        ).encode() + data + f"\r\n--{boundary}--\r\n".encode()
+            (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+                "Content-Type: application/octet-stream\r\n\r\n"
+            ).encode()
+            + data
+            + f"\r\n--{boundary}--\r\n".encode()
+        )
         all_headers = {"Content-Type": f"multipart/form-data; boundary={boundary}", **self.auth(), **(headers or {})}
         return self.request("POST", "predict" + query, body, all_headers)
 

@@ -126,7 +126,9 @@ def test_a_path_in_the_file_name_is_shown_as_a_name_and_never_opened(server, syn
     real = held_out_images(synthetic_data, 1)[0]  # a file the server could classify, if it opened the path
     status, answer = server.post(b"not an image", filename=str(real))
     assert status == 422 and answer["reason"] == "unreadable" and answer["file"] == real.name
-    status, answer = server.post(real.read_bytes(), filename="..\\\\..\\\\windows\\\\x.png")  # quoted-string escapes: the name has single backslashes
+    status, answer = server.post(
+        real.read_bytes(), filename="..\\\\..\\\\windows\\\\x.png"
+    )  # quoted-string escapes: the name has single backslashes
     assert status == 200 and answer["file"] == "x.png"
 
 
@@ -186,7 +188,8 @@ def test_a_client_that_disconnects_mid_upload_leaves_the_server_serving(server, 
         with socket.create_connection((host.split(":")[0], int(host.split(":")[1])), timeout=30) as sock:
             sock.sendall(
                 f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: multipart/form-data; boundary=x\r\n"
-                f"Content-Length: {3 << 20}\r\n\r\n".encode() + b"\0" * (1 << 20)
+                f"Content-Length: {3 << 20}\r\n\r\n".encode()
+                + b"\0" * (1 << 20)
             )
     image = held_out_images(synthetic_data, 1)[0]
     assert server.post(image.read_bytes(), filename=image.name)[0] == 200
