@@ -42,7 +42,7 @@ def served_model(model: tf.keras.Model) -> tf.keras.Model:
     head = model.get_layer("probabilities") if "probabilities" in names else model.layers[-1]
     dropouts, below = _pooling_below(head)
     is_softmax_dense = isinstance(head, tf.keras.layers.Dense) and head.activation is tf.keras.activations.softmax
-    if is_softmax_dense and _is_pooling(below):
+    if is_softmax_dense and below is not None and _is_pooling(below):
         maps, probabilities, features = below.input, model.output, head.input
     elif (
         is_softmax_dense

@@ -149,7 +149,7 @@ def create_app(
     """The app over `pool`; `token` None: no token (loopback), and then only `allowed_hosts` in Host."""
     app = Flask(__name__)
     app.request_class = InMemoryRequest
-    app.json.sort_keys = False  # keys in predict's order
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # keys in predict's order (DefaultJSONProvider)
     app.config["MAX_CONTENT_LENGTH"] = max_upload_bytes + MULTIPART_SLACK
     started = time.monotonic()
     card = pool.predictor.classifier.card
