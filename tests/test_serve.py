@@ -287,3 +287,45 @@ def test_no_upload_touches_the_disk_unless_kept(exported_run, synthetic_data, tm
         stop_server(running)
     [saved] = kept.iterdir()
     assert saved.read_bytes() == image.read_bytes() and saved.suffix == ".png" and "x" not in saved.stem[:8]
+
+
+@pytest.mark.parametrize(
+    "raw, shown",
+    [
+        ("/etc/passwd", "passwd"),
+        ("C:\\Users\\me\\film.dcm", "film.dcm"),
+        ("../../x.png", "x.png"),
+        ("a\x00b\x1b[31m.png", "ab[31m.png"),
+        ("", "upload"),
+        ("..", "upload"),
+        (None, "upload"),
+        ("n" * 300, "n" * 200),
+    ],
+)
+def test_the_client_file_name_becomes_a_display_name_only(raw, shown):
+    from covidxray.serve.app import display_name
+
+    assert display_name(raw) == shown
+
+
+def test_which_addresses_need_a_token():
+    from covidxray.errors import UserError
+    from covidxray.serve.server import access_token, is_loopback
+
+    assert all(map(is_loopback, ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost")))
+    assert not any(map(is_loopback, ("0.0.0.0", "::", "192.168.1.20", "pi.local", "localhost.example.com")))
+    printed: list[str] = []
+    assert access_token("127.0.0.1", None, printed.append) is None and printed == []
+    made = access_token("0.0.0.0", None, printed.append)
+    assert made and len(made) >= 32 and made in printed[0]
+    with pytest.raises(UserError, match="16 characters"):
+        access_token("0.0.0.0", "short", printed.append)
+
+
+def test_serve_settings_out_of_range_are_named():
+    from covidxray.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="serve.max_upload_mb"):
+        load_config(None, [{"serve": {"max_upload_mb": 0}}])
+    with pytest.raises(ConfigError, match="serve.queue"):
+        load_config(None, [{"serve": {"queue": -1}}])

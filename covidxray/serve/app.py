@@ -66,7 +66,7 @@ def display_name(raw: str | None) -> str:
     Only ever displayed: no path from the client is opened."""
     name = PureWindowsPath(PurePosixPath(raw or "").name).name
     name = re.sub(r"[\x00-\x1f\x7f]", "", name).strip()[:NAME_LIMIT]
-    return name or "upload"
+    return name if name.strip(".") else "upload"
 
 
 def status_of(result: dict) -> int:
