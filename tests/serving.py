@@ -47,7 +47,9 @@ class Server:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
-        request = urllib.request.Request(self.url + path, data=body, method=method, headers=headers or self.auth())
+        request = urllib.request.Request(
+            self.url + path, data=body, method=method, headers=self.auth() if headers is None else headers
+        )
         try:
             with urllib.request.urlopen(request, timeout=120) as response:
                 status, text = response.status, response.read()
