@@ -329,3 +329,47 @@ def test_serve_settings_out_of_range_are_named():
         load_config(None, [{"serve": {"max_upload_mb": 0}}])
     with pytest.raises(ConfigError, match="serve.queue"):
         load_config(None, [{"serve": {"queue": -1}}])
+
+
+def test_the_pool_answers_at_its_time_limit_and_refuses_beyond_its_queue(monkeypatch):
+    """One worker stuck on an upload: that client gets TooSlow at the limit, a queued one Busy once its wait is
+    over, one more Busy at once; when the worker is free again, uploads are answered."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from covidxray.serve import workers
+
+    release = threading.Event()
+
+    def classify(predictor, upload, explain):
+        release.wait(10)
+        return {"file": upload.name, "label": "normal"}
+
+    monkeypatch.setattr(workers, "classify_bytes", classify)
+    pool = workers.InferencePool(lambda: SimpleNamespace(), workers=1, backlog=1, timeout_s=0.5)
+    outcomes: dict[str, tuple[str, float]] = {}
+
+    def client(name: str) -> None:
+        started = time.monotonic()
+        try:
+            outcome = pool.classify(workers.Upload(name, b"x"))["label"]
+        except (workers.Busy, workers.TooSlow) as err:
+            outcome = type(err).__name__
+        outcomes[name] = (outcome, time.monotonic() - started)
+
+    first = threading.Thread(target=client, args=("stuck",))
+    first.start()
+    time.sleep(0.1)  # the worker has it
+    second = threading.Thread(target=client, args=("queued",))
+    second.start()
+    time.sleep(0.1)
+    client("one-more")  # the queue (1) is full
+    first.join()
+    second.join()
+    assert outcomes["stuck"][0] == "TooSlow" and 0.4 < outcomes["stuck"][1] < 2
+    assert outcomes["one-more"][0] == "Busy" and outcomes["one-more"][1] < 0.2
+    assert outcomes["queued"][0] == "Busy"  # not started within the wait for every job ahead of it
+    release.set()
+    time.sleep(0.2)
+    assert pool.classify(workers.Upload("later", b"x"))["label"] == "normal"
