@@ -141,10 +141,10 @@ def test_requests_that_are_not_an_upload_get_a_clear_4xx(server):
 
 
 def raw_request(url: str, head: str, body_bytes: int, chunk: bytes = b"\0" * 65536) -> tuple[bytes, int]:
-    """Send `head`, then up to `body_bytes` of body, stopping when the server answers or closes;
-    (the answer's first bytes, the body bytes sent)."""
+    """Send `head`, then `chunk` after `chunk` (each whole) up to `body_bytes`, stopping when the server answers
+    or closes; (the answer's first bytes, the body bytes sent)."""
     host, port = url.split("//")[1].rstrip("/").split(":")
-    sent = 0
+    sent, pending = 0, b""
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(head.encode())
         sock.setblocking(False)
@@ -155,12 +155,14 @@ def raw_request(url: str, head: str, body_bytes: int, chunk: bytes = b"\0" * 655
                     return answer, sent
             except BlockingIOError:
                 pass
+            pending = pending or chunk
             try:
-                sent += sock.send(chunk[: body_bytes - sent])
+                written = sock.send(pending)
             except BlockingIOError:
                 continue
             except (BrokenPipeError, ConnectionResetError):
                 break
+            pending, sent = pending[written:], sent + written
         sock.setblocking(True)
         try:
             return sock.recv(4096), sent
@@ -255,13 +257,26 @@ def test_without_a_token_only_a_loopback_host_header_is_answered(server):
     assert server.request("GET", "healthz", headers={"Host": "attacker.example:80"})[0] == 403  # DNS rebinding
 
 
-# Run before the CLI in the server's interpreter: any temporary file (waitress' body spool, Werkzeug's
-# multipart spool) fails the request loudly.
+# Run before the CLI in the server's interpreter: once waitress serves (the model is loaded before, and its
+# loader may use a temporary file for the runtime's banner), any temporary file (waitress' body spool, Werkzeug's
+# multipart spool, anything the workers do) fails loudly.
 NO_TEMP_FILES = """
 import tempfile
-def _refuse(*args, **kwargs):
-    raise RuntimeError("a temporary file was opened")
-tempfile.TemporaryFile = tempfile.NamedTemporaryFile = tempfile.SpooledTemporaryFile = tempfile.mkstemp = _refuse
+serving = []
+def _refusing(original):
+    def refuse(*args, **kwargs):
+        if serving:
+            raise RuntimeError("a temporary file was opened")
+        return original(*args, **kwargs)
+    return refuse
+for _name in ("TemporaryFile", "NamedTemporaryFile", "SpooledTemporaryFile", "mkstemp", "mkdtemp"):
+    setattr(tempfile, _name, _refusing(getattr(tempfile, _name)))
+import waitress.server
+_run = waitress.server.BaseWSGIServer.run
+def _serve(self):
+    serving.append(True)
+    return _run(self)
+waitress.server.BaseWSGIServer.run = _serve
 """
 
 
