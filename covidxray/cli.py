@@ -459,17 +459,22 @@ def serve(
     config: Path | None = ConfigOption,
     sets: list[str] | None = SetOption,
 ):
-    """A page and an HTTP API (POST /predict, GET /healthz) classifying uploads as predict does (needs covidxray[serve])."""
+    """A page and an HTTP API (POST /predict, GET /healthz) classifying uploads as predict does (the `serve` extra)."""
     from covidxray.edge.image_header import limit_decoder_pixels
     from covidxray.run_folder import resolve_model
 
     def go():
         cfg = resolve(config, sets)
         limit_decoder_pixels(cfg.data.max_pixels)  # before cv2 is imported, as predict does
-        try:
+        try:  # the web packages are checked before the model is loaded, so their absence is the one message
+            import flask  # noqa: F401
+            import waitress  # noqa: F401
+
             from covidxray.serve.server import serve as do_serve
         except ImportError as err:
-            raise UserError(f"serve needs its web packages ({err}): pip install 'covidxray[serve]'") from None
+            raise UserError(
+                f"serve needs Flask and waitress ({err}): install covidxray's `serve` extra, or pip install flask==3.1.3 waitress==3.0.2"
+            ) from None
         do_serve(
             resolve_model(model, fmt), cfg, host, port, token, keep, lambda text: console.print(escape(text)), warn
         )
