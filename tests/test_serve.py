@@ -388,3 +388,16 @@ def test_the_pool_answers_at_its_time_limit_and_refuses_beyond_its_queue(monkeyp
     release.set()
     time.sleep(0.2)
     assert pool.classify(workers.Upload("later", b"x"))["label"] == "normal"
+
+
+def test_serve_without_its_web_packages_or_a_model_says_what_to_do(exported_run, tmp_path):
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['waitress'] = None; from covidxray.cli import main; main()"
+    args = ["serve", "--model", str(model_file(exported_run))]
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "serve needs Flask and waitress" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    missing = run_cli("serve", "--model", str(tmp_path / "none.tflite"))
+    assert missing.returncode == 2 and "not found" in missing.stderr and "Traceback" not in missing.stderr
