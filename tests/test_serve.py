@@ -362,7 +362,7 @@ def test_the_pool_answers_at_its_time_limit_and_refuses_beyond_its_queue(monkeyp
         return {"file": upload.name, "label": "normal"}
 
     monkeypatch.setattr(workers, "classify_bytes", classify)
-    pool = workers.InferencePool(lambda: SimpleNamespace(), workers=1, backlog=1, timeout_s=0.5)
+    pool = workers.InferencePool(SimpleNamespace(), workers=1, backlog=1, timeout_s=0.5)  # type: ignore[arg-type]
     outcomes: dict[str, tuple[str, float]] = {}
 
     def client(name: str) -> None:

@@ -13,6 +13,7 @@ gate is worse than no answer.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import time
@@ -125,6 +126,7 @@ class TFLiteClassifier:
                 ) from None
         if bound:
             self._check_binding(flatbuffer, sidecar)
+        self.flatbuffer, self.threads = flatbuffer, threads  # for `twin`
         self.input = self.interpreter.get_input_details()[0]
         outputs = self._named_outputs()
         self.output = outputs.get("probabilities", self.interpreter.get_output_details()[0])
@@ -153,6 +155,17 @@ class TFLiteClassifier:
         self.ood = OodModel.from_sidecar(card["ood"]) if "ood" in card else None
         self.layout = LayoutModel.from_sidecar(card["layout"]) if "layout" in card else None
         self.orientation = OrientationModel.from_sidecar(card["orientation"]) if "orientation" in card else None
+
+    def twin(self) -> TFLiteClassifier:
+        """This checked model with an interpreter of its own, for another thread (an interpreter is not
+        thread-safe): the bytes, the sidecar and its fits are shared, not read, checked and built again."""
+        from ai_edge_litert.interpreter import Interpreter
+
+        twin = copy.copy(self)
+        with native_stderr_to(None):
+            twin.interpreter = Interpreter(model_content=self.flatbuffer, num_threads=self.threads)
+            twin.interpreter.allocate_tensors()
+        return twin
 
     def _unusable(self, problem: str) -> UserError:
         return UserError(

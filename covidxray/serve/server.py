@@ -74,7 +74,7 @@ def serve(
     workers = settings.workers or os.cpu_count() or 1
     max_upload = int(settings.max_upload_mb * 2**20)
     pool = InferencePool(
-        lambda: Predictor(model_path, 1, None, warn, config.data.max_pixels),
+        Predictor(model_path, 1, None, warn, config.data.max_pixels),
         workers,
         settings.queue,
         settings.decode_timeout_s,

@@ -87,11 +87,11 @@ def kept_name(upload: Upload) -> str:
 
 
 class InferencePool:
-    """`workers` threads, each with its own predictor, fed from a queue of at most `backlog` waiting uploads."""
+    """`workers` threads, each with its own twin of `predictor`, fed from a queue of at most `backlog` waiting uploads."""
 
     def __init__(
         self,
-        make_predictor: Callable[[], Predictor],
+        predictor: Predictor,
         workers: int,
         backlog: int,
         timeout_s: float,
@@ -106,8 +106,8 @@ class InferencePool:
         self.workers = workers
         self._queue: Queue[_Job] = Queue(maxsize=max(backlog, 1))
         self._lock = threading.Lock()
-        predictors = [make_predictor() for _ in range(workers)]  # in the caller: a bad model stops the start
-        self.predictor = predictors[0]
+        predictors = [predictor, *(predictor.twin() for _ in range(workers - 1))]
+        self.predictor = predictor
         self.overlay_available = explainer_for(self.predictor) is not None
         for number, predictor in enumerate(predictors):
             thread = threading.Thread(
