@@ -460,6 +460,48 @@ def warn(message: str) -> None:
 
 
 @app.command()
+def serve(
+    model: Path = typer.Option(..., "--model", "-m", help="A .tflite written by export, or its run directory."),
+    host: str = typer.Option(
+        "127.0.0.1", help="Address to listen on; any but loopback needs the access token (--token, or one is made)."
+    ),
+    port: int = typer.Option(8000, help="Port (0: any free one; the address is printed)."),
+    token: str | None = typer.Option(
+        None, help="Access token every request must carry (default: $COVIDXRAY_SERVE_TOKEN, or one made and printed)."
+    ),
+    keep: Path | None = typer.Option(
+        None, "--keep", help="Save every upload into this folder (default: none is written)."
+    ),
+    fmt: str | None = typer.Option(
+        None, "--format", help=f"With a run directory: {', '.join(FORMATS.names())} (default {DEFAULT_FORMAT})."
+    ),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+):
+    """A page and an HTTP API (POST /predict, GET /healthz) classifying uploads as predict does (the `serve` extra)."""
+    from covidxray.edge.image_header import limit_decoder_pixels
+    from covidxray.run_folder import resolve_model
+
+    def go():
+        cfg = resolve(config, sets)
+        limit_decoder_pixels(cfg.data.max_pixels)  # before cv2 is imported, as predict does
+        try:  # the web packages are checked before the model is loaded, so their absence is the one message
+            import flask  # noqa: F401
+            import waitress  # noqa: F401
+
+            from covidxray.serve.server import serve as do_serve
+        except ImportError as err:
+            raise UserError(
+                f"serve needs Flask and waitress ({err}): install covidxray's `serve` extra, or pip install flask==3.1.3 waitress==3.0.2"
+            ) from None
+        do_serve(
+            resolve_model(model, fmt), cfg, host, port, token, keep, lambda text: console.print(escape(text)), warn
+        )
+
+    run(go, "stopped serving")
+
+
+@app.command()
 def demo(
     workdir: Path = typer.Option(Path("demo"), help="Where the demo's data and run go."),
     epochs: int = typer.Option(10),

@@ -185,10 +185,27 @@ class ExportConfig:
 
 
 @dataclass
+class ServeConfig:
+    """`covidxray serve` (covidxray/serve): its image limits are data.max_pixels, as for predict."""
+
+    # An upload above this many MiB is refused from its Content-Length, before its body is read; 64 MiB holds
+    # an uncompressed 16-bit DICOM of data.max_pixels' 16 M pixels (32 MiB) twice over.
+    max_upload_mb: float = setting(64.0, above=0.0, high=4096.0)
+    # Inference threads, each with its own LiteRT interpreter (one is not thread-safe); 0: one per core.
+    workers: int = setting(0, low=0, high=64)
+    # Uploads waiting for a worker; one more gets 503 and Retry-After instead of an unbounded wait.
+    queue: int = setting(16, low=0, high=1024)
+    # Seconds one upload may take to decode and classify; past it the client gets 422 and the answer is dropped
+    # (a thread cannot be stopped: the pixel limit, checked before decoding, is what bounds the work itself).
+    decode_timeout_s: float = setting(30.0, above=0.0, high=3600.0)
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "data": self.data.recorded()}

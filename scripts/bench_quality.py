@@ -462,10 +462,10 @@ def _embeddings(served, data_dir: Path, splits: tuple[str, ...], skip: set[str] 
 def source_profile_flags(model, training_dir: Path, held_dir: Path, dropped: set[str]) -> dict:
     """Share of each test set predict would warn about (covidxray/edge/source_profile.py, margin 1), the profile
     fitted as export fits it but on the Keras model's embeddings (the float32 TFLite model's, to float precision)."""
+    from covidxray.export.class_maps import served_model
     from covidxray.export.source_profile import fit
-    from covidxray.export.tflite import with_embedding
 
-    served = with_embedding(model)
+    served = served_model(model)
     profile = fit(*_embeddings(served, training_dir, ("train",)), *_embeddings(served, training_dir, ("val",)), 1.0)
     test, _ = _embeddings(served, training_dir, ("test",))
     held, _ = _embeddings(served, held_dir, ("train", "val", "test"), dropped)

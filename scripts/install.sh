@@ -61,7 +61,7 @@ PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade "pip>=24" wheel setuptools
 
 echo "==> installing covidxray and its pinned dependencies"
-$PIP install -q -e ".[train,dev]"
+$PIP install -q -e ".[train,dev,serve]"
 
 if "$VENV/bin/python" -c "import horovod, horovod.tensorflow as h; assert horovod.__version__ == '$HOROVOD_VERSION'" 2>/dev/null; then
     echo "==> horovod $HOROVOD_VERSION already built"

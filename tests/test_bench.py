@@ -27,6 +27,7 @@ RESULT_KEYS = {
     "dedup": {"transform_suite", "false_merges", "scaling", "settings"},
     "horovod": {"pinned", "cases"},
     "predict": {"latency_s", "bytes", "tensor_bytes", "predict_process"},
+    "serve": {"predict_cli", "predict_in_process_s_median", "serve", "serve_rss_mib_end", "serve_rss_growth_mib"},
 }
 
 
@@ -111,6 +112,20 @@ def test_bench_predict_quick(tmp_path):
     assert held["int8"]["quantization"] > 0
     assert held["float32"]["quantization"] == 0
     assert all(m["predicted"] == m["images"] for m in results["predict_process"].values())
+
+
+@pytest.mark.slow
+def test_bench_serve_quick(tmp_path, exported_run, synthetic_data):
+    pytest.importorskip("waitress")
+    from test_predict import held_out_images
+
+    image = held_out_images(synthetic_data, 1)[0]
+    model = exported_run / "model-float32.tflite"
+    report = run_bench("serve", tmp_path, "--model", str(model), "--image", str(image))
+    check_report(report, "serve")
+    serve = report["results"]["serve"]
+    assert serve["predict"]["requests"] == 100 and serve["overlay"]["requests"] == 30
+    assert report["results"]["tracebacks"] == 0
 
 
 @pytest.mark.slow

@@ -80,7 +80,7 @@ def test_base_dependencies_are_the_light_set():
     } <= base
     assert "edge" in extras and heavy - {"horovod"} <= {requirement_name(r) for r in extras["train"]}
     install_sh = (REPO / "scripts" / "install.sh").read_text()
-    assert '-e ".[train,dev]"' in install_sh
+    assert '-e ".[train,dev,serve]"' in install_sh  # serve: the web packages its tests need
 
 
 def test_the_blocker_really_hides_the_train_stack():

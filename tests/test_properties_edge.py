@@ -168,11 +168,12 @@ def tiny_export(tmp_path_factory) -> tuple[bytes, dict]:
     from covidxray.edge.ood import OodModel
     from covidxray.edge.orientation import OrientationModel
     from covidxray.edge.preprocess import PREPROCESSING_VERSION
-    from covidxray.export.tflite import convert, with_embedding, write_saved_model
+    from covidxray.export.class_maps import served_model
+    from covidxray.export.tflite import convert, write_saved_model
     from covidxray.train.models import build_model
 
     folder = tmp_path_factory.mktemp("tiny")
-    model = with_embedding(build_model("small_cnn", 16, 3))
+    model = served_model(build_model("small_cnn", 16, 3))
     flatbuffer = convert(write_saved_model(model, folder), "float32")
     dim = int(model.outputs[1].shape[-1])
     card = {

@@ -34,13 +34,25 @@ def lite_classifier(model, fmt: str, folder: Path):
     """`model` through export's own steps (served graph, SavedModel, converter of `fmt`) and the LiteRT
     classifier predict uses, with export's pre-fit card (labels and size only)."""
     from covidxray.edge.litert import TFLiteClassifier
-    from covidxray.export.tflite import convert, with_embedding, write_saved_model
+    from covidxray.export.class_maps import served_model
+    from covidxray.export.tflite import convert, write_saved_model
 
-    saved = write_saved_model(with_embedding(model), folder)
+    saved = write_saved_model(served_model(model), folder)
     representative = gray_images(4, seed=1) if FORMATS.get(fmt).needs_representative else None
     flatbuffer = convert(saved, fmt, representative)
     card = {"labels": LABELS, "image_size": SIZE}
     return TFLiteClassifier(folder / f"model-{fmt}.tflite", flatbuffer=flatbuffer, card=card)
+
+
+def assert_class_maps_are_gradcam(model, images, class_maps, atol=1e-4) -> None:
+    """Each class's map, cut at 0 and scaled to a peak of 1, equals the Keras Grad-CAM of covidxray/export/gradcam.py."""
+    from covidxray.edge.class_maps import heat_map
+    from covidxray.export.gradcam import heatmap, score_function
+
+    forward = score_function(model)
+    for image, maps in zip(images[:2], class_maps[:2]):
+        for class_index in range(maps.shape[-1]):
+            np.testing.assert_allclose(heat_map(maps, class_index), heatmap(forward, image, class_index), atol=atol)
 
 
 @pytest.mark.parametrize(
@@ -48,7 +60,7 @@ def lite_classifier(model, fmt: str, folder: Path):
 )
 def test_every_registered_model_meets_the_model_contract_and_quantises(name, tmp_path):
     tf = pytest.importorskip("tensorflow")
-    from covidxray.export.tflite import with_embedding
+    from covidxray.export.class_maps import served_model
     from covidxray.train.models import build_model
 
     model = build_model(name, SIZE, CLASSES)
@@ -60,9 +72,13 @@ def test_every_registered_model_meets_the_model_contract_and_quantises(name, tmp
     probabilities = model.predict(images, verbose=0)
     np.testing.assert_allclose(probabilities.sum(1), 1.0, atol=1e-5)
 
-    served_probabilities, embedding = with_embedding(model)(images, training=False)
+    served_probabilities, embedding, *class_maps = served_model(model)(images, training=False)
     np.testing.assert_allclose(served_probabilities, probabilities, atol=1e-5)
     assert embedding.shape == (6, head.input_shape[-1])  # what feeds the head, for the OOD fit
+    # Grad-CAM without TensorFlow on the board for every model with global average pooling (all but small_cnn)
+    assert len(class_maps) == (name != "small_cnn")
+    if class_maps:
+        assert_class_maps_are_gradcam(model, images, class_maps[0].numpy())
 
     classifier = lite_classifier(model, "int8", tmp_path)
     lite_probabilities, lite_embedding = classifier.infer(images[0])

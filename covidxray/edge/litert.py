@@ -13,6 +13,7 @@ gate is worse than no answer.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import time
@@ -31,6 +32,7 @@ from covidxray.files import partial_path
 from covidxray.run_folder import sidecar_path
 
 EMBEDDING_OUTPUT = "embedding"  # the second output's signature name (covidxray/export/tflite.py)
+CLASS_MAPS_OUTPUT = "class_maps"  # optional third: Grad-CAM's maps of every class (covidxray/edge/class_maps.py)
 # Every entry predict's answer depends on: without `ood` or `layout` a gate check would be silently off.
 REQUIRED_KEYS = ("labels", "image_size", "temperature", "ood", "layout", "orientation")
 PAIR_READS, PAIR_RETRY_S = 3, 0.5  # a pair read between export's two renames matches when read again
@@ -93,6 +95,12 @@ def _sidecar_problem(
     return None
 
 
+def _class_maps_problem(shape: list[int], num_classes: int) -> str | None:
+    if len(shape) != 4 or shape[0] != 1 or shape[-1] != num_classes:
+        return f"model's {CLASS_MAPS_OUTPUT} output has shape {shape}, not (1, height, width, {num_classes})"
+    return None
+
+
 class TFLiteClassifier:
     def __init__(
         self, model_path: str | Path, threads: int = 1, flatbuffer: bytes | None = None, card: dict | None = None
@@ -118,10 +126,12 @@ class TFLiteClassifier:
                 ) from None
         if bound:
             self._check_binding(flatbuffer, sidecar)
+        self.flatbuffer, self.threads = flatbuffer, threads  # for `twin`
         self.input = self.interpreter.get_input_details()[0]
         outputs = self._named_outputs()
         self.output = outputs.get("probabilities", self.interpreter.get_output_details()[0])
         self.embedding_output = outputs.get(EMBEDDING_OUTPUT)
+        self.class_maps_output = outputs.get(CLASS_MAPS_OUTPUT)
         embedding_dim = int(self.embedding_output["shape"][-1]) if self.embedding_output else None
         if not isinstance(sidecar, dict):
             raise self._unusable(f"holds a JSON {type(sidecar).__name__}, not an object")
@@ -133,6 +143,8 @@ class TFLiteClassifier:
             embedding_dim,
             REQUIRED_KEYS if bound else ("labels", "image_size"),
         )
+        if problem is None and self.class_maps_output is not None:
+            problem = _class_maps_problem(list(self.class_maps_output["shape"]), int(self.output["shape"][-1]))
         if problem:
             raise self._unusable(problem)
         self.card = card
@@ -143,6 +155,17 @@ class TFLiteClassifier:
         self.ood = OodModel.from_sidecar(card["ood"]) if "ood" in card else None
         self.layout = LayoutModel.from_sidecar(card["layout"]) if "layout" in card else None
         self.orientation = OrientationModel.from_sidecar(card["orientation"]) if "orientation" in card else None
+
+    def twin(self) -> TFLiteClassifier:
+        """This checked model with an interpreter of its own, for another thread (an interpreter is not
+        thread-safe): the bytes, the sidecar and its fits are shared, not read, checked and built again."""
+        from ai_edge_litert.interpreter import Interpreter
+
+        twin = copy.copy(self)
+        with native_stderr_to(None):
+            twin.interpreter = Interpreter(model_content=self.flatbuffer, num_threads=self.threads)
+            twin.interpreter.allocate_tensors()
+        return twin
 
     def _unusable(self, problem: str) -> UserError:
         return UserError(
@@ -254,6 +277,13 @@ class TFLiteClassifier:
         return probabilities, self._dequantize(
             self.interpreter.get_tensor(self.embedding_output["index"]), self.embedding_output
         )[0]
+
+    def class_maps(self) -> np.ndarray:
+        """(h, w, classes) class activation maps of the last `infer` (covidxray/edge/class_maps.py)."""
+        if self.class_maps_output is None:
+            raise ValueError(f"{self.path} has no {CLASS_MAPS_OUTPUT} output")
+        details = self.class_maps_output
+        return self._dequantize(self.interpreter.get_tensor(details["index"]), details)[0]
 
     def calibrated(self, probabilities: np.ndarray) -> np.ndarray:
         """The sidecar's temperature applied (a model exported without one keeps its own probabilities)."""

@@ -14,6 +14,7 @@ is handed in by the caller as an `ExplainerFor`.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Callable
@@ -183,6 +184,13 @@ class Predictor:
             raise UserError(f"{model_path}'s sidecar: {err}; export again") from None
         self.explain = explainer_for(self.classifier) if explainer_for is not None else None
         self.max_pixels = max_pixels
+
+    def twin(self) -> Predictor:
+        """The same model, fits and settings with an interpreter of its own, for another thread (serve's workers).
+        The explainer is shared: give twins only one that does not use the interpreter."""
+        twin = copy.copy(self)
+        twin.classifier = self.classifier.twin()
+        return twin
 
     def __call__(self, item: Path | ImageError) -> dict:
         if isinstance(item, ImageError):

@@ -15,12 +15,11 @@ import cv2
 import numpy as np
 import tensorflow as tf
 
+from covidxray.edge.class_maps import normalised, overlay
 from covidxray.edge.litert import TFLiteClassifier
 from covidxray.errors import UserError
 from covidxray.export.keras_file import load_keras_model
 from covidxray.run_folder import MODEL_FILE
-
-HEAT_WEIGHT = 0.45  # share of the colour map in the overlay; the X-ray stays readable beneath
 
 
 def _last_feature_layer(model: tf.keras.Model) -> tuple[tf.keras.layers.Layer, tf.keras.Model | None]:
@@ -74,23 +73,12 @@ def heatmaps(forward: Callable, images: np.ndarray, class_indices: list[int]) ->
         score = tf.reduce_sum(scores * tf.one_hot(class_indices, scores.shape[-1]))
     grads = tape.gradient(score, maps)
     weights = tf.reduce_mean(grads, axis=(1, 2), keepdims=True)
-    cams = tf.nn.relu(tf.reduce_sum(weights * maps, axis=-1)).numpy()
-    peaks = cams.max(axis=(1, 2), keepdims=True)
-    return cams / np.where(peaks > 0, peaks, 1)
+    return np.stack([normalised(cam) for cam in tf.reduce_sum(weights * maps, axis=-1).numpy()])
 
 
 def heatmap(forward: Callable, image: np.ndarray, class_index: int) -> np.ndarray:
     """(size, size, 1) model input -> heat map in [0, 1] at the feature map's resolution."""
     return heatmaps(forward, image[None], [class_index])[0]
-
-
-def overlay(gray: np.ndarray, heat: np.ndarray) -> np.ndarray:
-    """Gray X-ray (any size) + heat map -> BGR image of the X-ray's size with a JET colour overlay."""
-    height, width = gray.shape[:2]
-    heat = cv2.resize(heat.astype(np.float32), (width, height), interpolation=cv2.INTER_LINEAR)
-    colour = cv2.applyColorMap(np.round(np.clip(heat, 0, 1) * 255).astype(np.uint8), cv2.COLORMAP_JET)
-    base = cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR)
-    return cv2.addWeighted(base, 1 - HEAT_WEIGHT, colour, HEAT_WEIGHT, 0)
 
 
 def gradcam_for(out_dir: Path, keras_model: Path | None = None) -> Callable[[TFLiteClassifier], GradCamWriter]:

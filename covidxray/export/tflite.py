@@ -1,9 +1,10 @@
 """`covidxray export`: Keras model -> SavedModel -> TFLite (float32, float16, int8) with a parity report.
 
 The SavedModel in `run_dir/saved_model/` is the converter's input and a
-deployable artifact in its own right (TF Serving, other converters). It has two
-named outputs: `probabilities` and `embedding` (the penultimate features, for
-the out-of-distribution score). Per format, through the LiteRT interpreter
+deployable artifact in its own right (TF Serving, other converters). Its named
+outputs: `probabilities`, `embedding` (the penultimate features, for the
+out-of-distribution score) and, where the model ends in global average pooling,
+`class_maps` (Grad-CAM without TensorFlow; covidxray/export/class_maps.py). Per format, through the LiteRT interpreter
 that will run on the board: the temperature and the out-of-distribution
 threshold are fitted on the val split (the OOD means and covariance on train)
 and stored in the sidecar, with the chest-layout fit (pixels only, so one fit
@@ -26,13 +27,14 @@ import tensorflow as tf
 from covidxray.config import Config
 from covidxray.data.tfrecord import read_records
 from covidxray.edge import chest_layout, ood, orientation
-from covidxray.edge.litert import EMBEDDING_OUTPUT, TFLiteClassifier
+from covidxray.edge.litert import TFLiteClassifier
 from covidxray.edge.model_binding import bind
 from covidxray.edge.native_stderr import native_stderr_to
 from covidxray.errors import UserError
 from covidxray.export import source_profile
 from covidxray.export.c_array import write_c_array
 from covidxray.export.calibration import calibration_summary
+from covidxray.export.class_maps import served_model
 from covidxray.export.formats import FORMATS, check_formats
 from covidxray.export.keras_file import load_keras_model
 from covidxray.files import atomic_path, sha256_file, signals_held
@@ -66,18 +68,6 @@ def load_split(data_dir: Path, split: str, limit: int | None = None) -> tuple[np
             f"{data_dir}: the {split} split is empty; export needs it (test for parity, train for int8 calibration)"
         )
     return np.stack(images), np.array(labels)
-
-
-def with_embedding(model: tf.keras.Model) -> tf.keras.Model:
-    """The served graph: the model's probabilities plus the input of its last layer, named `embedding`.
-
-    Every registered model ends in a Dense layer named `probabilities`; what feeds it (after
-    dropout, an identity at inference) is the penultimate feature vector.
-    """
-    names = [layer.name for layer in model.layers]
-    head = model.get_layer("probabilities") if "probabilities" in names else model.layers[-1]
-    embedding = tf.keras.layers.Activation("linear", name=EMBEDDING_OUTPUT)(head.input)
-    return tf.keras.Model(model.inputs, [model.output, embedding], name=model.name)
 
 
 def _run_split(classifier: TFLiteClassifier, data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -171,7 +161,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     log = run_dir / CONVERTER_LOG
     log.unlink(missing_ok=True)
     with native_stderr_to(log):
-        saved_model = write_saved_model(with_embedding(model), run_dir)
+        saved_model = write_saved_model(served_model(model), run_dir)
     say(f"SavedModel: {saved_model}")
 
     report: dict[str, Any] = {

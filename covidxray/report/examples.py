@@ -71,7 +71,8 @@ def _png(image: np.ndarray) -> bytes:
 
 def gradcam_examples(model, data_dir: Path, labels: np.ndarray, probabilities: np.ndarray) -> list[Example]:
     """Grad-CAM of the predicted class for each picked test image; [] when the predictions do not fit the shards."""
-    from covidxray.export.gradcam import heatmaps, overlay, score_function
+    from covidxray.edge.class_maps import overlay
+    from covidxray.export.gradcam import heatmaps, score_function
 
     chosen = pick(labels, probabilities)
     shard_labels, images = read_test_split(data_dir, {i for i, _ in chosen})
