@@ -267,6 +267,20 @@ def test_pairs_already_joined_are_not_checked_and_the_groups_stay_the_same(share
     assert len(rest) == 2  # a spanning tree: one check per image joined
 
 
+def test_checks_in_threads_confirm_exactly_the_pairs_of_the_serial_order(shared_data):
+    """The oracle is the serial loop: vote order, a pair joined meanwhile skipped. Several copies per original make
+    pairs that a better-voted pair of the same window joins first, which the threaded path must discard too."""
+    names = sorted((shared_data / TALO / "No_findings").iterdir())[:6]
+    originals = [preprocess.load_gray(p) for p in names]
+    grays = originals + [republished(g, family) for g in originals for family in FAMILIES[:5]]
+    features = [_features(g) for g in grays]
+    known = [(0, 6)]  # as the perceptual hash would pass them
+    serial = near_duplicates.confirmed_pairs(features, MIN_INLIERS, known)
+    assert len(serial) >= len(grays) - len(originals) - len(known)  # the copies were found: not a vacuous comparison
+    for threads in (2, 3):
+        assert near_duplicates.confirmed_pairs(features, MIN_INLIERS, known, threads=threads) == serial
+
+
 def test_keypoints_are_spread_over_the_grid_before_the_strongest_rest(shared_data):
     """Against a plain reading of the rule: per cell the strongest fair share, all by strength, then the rest by strength."""
     small = cv2.equalizeHist(

@@ -32,6 +32,7 @@ Everything stage 2 needs is computed once per image where it is decoded
 from __future__ import annotations
 
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import cv2
@@ -52,6 +53,7 @@ RATIO = 0.8  # Lowe's ratio test
 REPROJECTION_PX = 4.0  # RANSAC inlier tolerance at SIDE px
 MIN_SPREAD = 0.2  # inliers' convex hull / image area, in the image they cover more of
 MIN_SCALE, MAX_SCALE = 1 / 8, 8.0
+_PAIRS_PER_THREAD = 16  # checked ahead per thread: enough to keep threads busy, few checks wasted on joined pairs
 _HEADER = np.dtype([("count", "<u2"), ("width", "<u2"), ("height", "<u2")])
 
 
@@ -301,12 +303,15 @@ def verify(first: Features, second: Features, mirrored: bool, min_inliers: int) 
 
 
 def confirmed_pairs(
-    all_features: list[Features], min_inliers: int, joined: Iterable[tuple[int, int]] = ()
+    all_features: list[Features], min_inliers: int, joined: Iterable[tuple[int, int]] = (), threads: int = 1
 ) -> list[tuple[int, int, Match]]:
     """(i, j, Match) for the candidate pairs the geometric check confirms, unless already joined.
 
     `joined`: pairs known to be copies by other means (the perceptual hash); a pair
     joined through them or through confirmed pairs is not checked.
+    `threads` > 1 checks that many pairs at once (OpenCV releases the GIL) with the same result: the pairs of a
+    window are checked ahead, in vote order, and a check whose pair a better-voted pair of the window joined
+    meanwhile is discarded, as the serial order would not have made it.
     """
     found = []
     group = list(range(len(all_features)))  # union-find over the copies known so far
@@ -317,11 +322,29 @@ def confirmed_pairs(
             i = group[i]
         return i
 
-    for i, j in joined:
+    def check(pair: tuple[int, int, bool]) -> Match | None:
+        i, j, mirrored = pair
+        return verify(all_features[i], all_features[j], mirrored, min_inliers)
+
+    def join(i: int, j: int) -> None:
         group[max(root(i), root(j))] = min(root(i), root(j))
-    for (i, j, mirrored), _ in sorted(candidate_pairs(all_features).items(), key=lambda item: -item[1]):
-        # a pair already joined through other confirmed copies needs no check of its own: the best voted go first
-        if root(i) != root(j) and (match := verify(all_features[i], all_features[j], mirrored, min_inliers)):
-            found.append((i, j, match))
-            group[max(root(i), root(j))] = min(root(i), root(j))
+
+    for i, j in joined:
+        join(i, j)
+    # a pair already joined through other confirmed copies needs no check of its own: the best voted go first
+    ranked = [pair for pair, _ in sorted(candidate_pairs(all_features).items(), key=lambda item: -item[1])]
+    if threads <= 1:
+        for i, j, mirrored in ranked:
+            if root(i) != root(j) and (match := check((i, j, mirrored))):
+                found.append((i, j, match))
+                join(i, j)
+        return found
+    window = threads * _PAIRS_PER_THREAD
+    with ThreadPoolExecutor(threads) as pool:
+        for start in range(0, len(ranked), window):
+            pending = [(i, j, mirrored) for i, j, mirrored in ranked[start : start + window] if root(i) != root(j)]
+            for (i, j, _), match in zip(pending, pool.map(check, pending)):
+                if match and root(i) != root(j):
+                    found.append((i, j, match))
+                    join(i, j)
     return found
