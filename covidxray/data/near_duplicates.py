@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-FEATURE_VERSION = "orb-384-384-grid8-trim+mirror-eq+clahe-fast10-nowhite/6"
+FEATURE_VERSION = "orb-384-384-grid8-trim+mirror-eq+clahe-fast10-nowhite-4levels-fastscore/7"
 SIDE = 384  # longest side the features are computed at: copies at any scale meet at one size
 KEYPOINTS = 384
 CANDIDATE_KEYPOINTS = 4 * KEYPOINTS  # detected, before the strongest are spread over a grid
@@ -86,8 +86,16 @@ class Match:
 def _orb(count: int) -> cv2.ORB:
     # A small patch and edge margin keep keypoints near the crop border. The FAST threshold: 10 still finds
     # CANDIDATE_KEYPOINTS corners in the equalised radiographs, and half as many weak ones as 5 (detection -40%).
+    # 4 pyramid levels (2.1x scale range; copies at other scales meet at SIDE px anyway) ranked by FAST score instead
+    # of 6 levels ranked by Harris: ~17% less time per image, and on bench_dedup's suite no copy lost (issue 26).
     return cv2.ORB_create(
-        nfeatures=count, scaleFactor=1.2, nlevels=6, edgeThreshold=PATCH, patchSize=PATCH, fastThreshold=10
+        nfeatures=count,
+        scaleFactor=1.2,
+        nlevels=4,
+        edgeThreshold=PATCH,
+        patchSize=PATCH,
+        fastThreshold=10,
+        scoreType=cv2.ORB_FAST_SCORE,
     )
 
 
@@ -176,7 +184,7 @@ def features(gray: np.ndarray) -> bytes:
     if descriptors is None:
         keypoints, descriptors = [], np.zeros((0, 32), np.uint8)
     mirror_width = small.shape[1]
-    # The mirror image has the mirrored keypoints (FAST and Harris are symmetric); only descriptors need computing.
+    # The mirror image has the mirrored keypoints (FAST and its score are symmetric); only descriptors need computing.
     mirrored_keypoints = [
         cv2.KeyPoint(mirror_width - 1 - k.pt[0], k.pt[1], k.size, (180 - k.angle) % 360, k.response, k.octave)
         for k in keypoints
