@@ -18,6 +18,11 @@ then 2 processes pinned one per core (`_bench.parallel_ceiling`); the mean of
 the two speed-ups is the most any 2-process job could get from this machine then.
 Goals: prepare <= 1.3x the floor's time; prepare 1.8x faster with 2 workers than 1.
 
+--source NAME=PATH (repeatable): the same comparison on a real collection, e.g.
+`--source chest-xray-pneumonia=../shared/data/chest-xray-pneumonia-224`: prepare
+reads it through its adapter (data.sources NAME, from_path PATH), and the floor
+decodes the image files that adapter lists.
+
 --scale: how prepare grows with the number of images. From one generated set
 of max(--scale-counts) phantoms (default 1k, 5k, 20k; 256 px, so generating
 them stays cheap), each count is an evenly spread subset (hard links, all
@@ -37,6 +42,7 @@ import multiprocessing
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -51,6 +57,8 @@ MEASURES = (
     "covidxray/data",
     "covidxray/edge/preprocess.py",
     "covidxray/sources/covid19_talo.py",
+    "covidxray/sources/covid_chestxray.py",  # the real collections of --source
+    "covidxray/sources/chest_xray_pneumonia.py",
     "covidxray/files.py",
     "covidxray/manifest.py",
 )
@@ -77,7 +85,12 @@ def floor(paths: list[Path], size: int, workers: int) -> None:
             pass
 
 
-def timed_prepare(source_root: Path, data_dir: Path, image_size: int, workers: int) -> tuple[float, int]:
+def talo(root: Path) -> dict[str, dict]:
+    """The data.sources of generated phantoms in the covid19-talo layout."""
+    return {"covid19-talo": {"from_path": str(root)}}
+
+
+def timed_prepare(sources: dict[str, dict], data_dir: Path, image_size: int, workers: int) -> tuple[float, int]:
     """Wall seconds of one `prepare` into a fresh `data_dir`, and the records it wrote; the folder is removed after."""
     from covidxray.config import load_config
     from covidxray.data.prepare import prepare
@@ -88,7 +101,7 @@ def timed_prepare(source_root: Path, data_dir: Path, image_size: int, workers: i
         [
             {
                 "data": {
-                    "sources": {"covid19-talo": {"from_path": str(source_root)}},
+                    "sources": sources,
                     "data_dir": str(data_dir),
                     "image_size": image_size,
                     "workers": workers,
@@ -106,22 +119,28 @@ def timed_prepare(source_root: Path, data_dir: Path, image_size: int, workers: i
 class PrepareCase(_bench.SelfTimed):
     """One timed `prepare` into a fresh folder; the folder is removed outside the timing."""
 
-    def __init__(self, source_root: Path, out_root: Path, image_size: int, workers: int):
-        self.source_root, self.out_root, self.image_size, self.workers = source_root, out_root, image_size, workers
+    def __init__(self, sources: dict[str, dict], out_root: Path, image_size: int, workers: int):
+        self.sources, self.out_root, self.image_size, self.workers = sources, out_root, image_size, workers
         self.records_written = 0
 
     def __call__(self) -> float:
         data_dir = self.out_root / f"workers-{self.workers}"
-        seconds, self.records_written = timed_prepare(self.source_root, data_dir, self.image_size, self.workers)
+        seconds, self.records_written = timed_prepare(self.sources, data_dir, self.image_size, self.workers)
         return seconds
 
 
 def compare_to_floor(bench: _bench.Bench, args) -> dict:
     workers = [1, 2]
 
-    source_root = _bench.talo_phantoms(args.workdir / f"talo-{args.images}x{args.image_px}", args.images, args.image_px)
-    paths = _bench.image_files(source_root)
-    prepares = {w: PrepareCase(source_root, args.workdir / "prepare-out", args.image_size, w) for w in workers}
+    if args.source:
+        sources = {name: {"from_path": path} for name, path in (spec.split("=", 1) for spec in args.source)}
+        paths = listed_images(sources, args.image_size)
+        what = f"{', '.join(f'{name}={path}' for name, path in sources.items())} ({len(paths)} images)"
+    else:
+        root = _bench.talo_phantoms(args.workdir / f"talo-{args.images}x{args.image_px}", args.images, args.image_px)
+        sources, paths = talo(root), _bench.image_files(root)
+        what = f"{len(paths)} images {args.image_px}x{args.image_px} (half PNG, half JPEG)"
+    prepares = {w: PrepareCase(sources, args.workdir / "prepare-out", args.image_size, w) for w in workers}
     cases = {}
     for w in workers:
         cases[f"prepare {w}w"] = prepares[w]
@@ -136,7 +155,8 @@ def compare_to_floor(bench: _bench.Bench, args) -> dict:
     n = len(paths)
     results = {
         "images": n,
-        "image_px": args.image_px,
+        "sources": sources,
+        "image_px": None if args.source else args.image_px,
         "image_size": args.image_size,
         "cases": stats,
         "cpu_s": cpu,
@@ -149,7 +169,7 @@ def compare_to_floor(bench: _bench.Bench, args) -> dict:
         results[f"records_written_{w}w"] = prepares[w].records_written
         rows.append([w, n / ours, n / base, ours / base, ours, base, cpu[f"prepare {w}w"] / cpu[f"floor {w}w"]])
     bench.table(
-        f"prepare vs decode+resize floor: {n} images {args.image_px}x{args.image_px} (half PNG, half JPEG) -> {args.image_size} px, median of {args.repeats}",
+        f"prepare vs decode+resize floor: {what} -> {args.image_size} px, median of {args.repeats}",
         [
             "workers",
             "prepare img/s",
@@ -193,6 +213,18 @@ def compare_to_floor(bench: _bench.Bench, args) -> dict:
         f"kept serial, {expected:.2f}x is expected",
     )
     return results
+
+
+def listed_images(sources: dict[str, dict], image_size: int) -> list[Path]:
+    """The image files prepare reads from `sources` (what their adapters list), for the floor."""
+    from covidxray.config import load_config
+    from covidxray.data.labels import get_task
+    from covidxray.data.prepare import collect_records
+
+    config = load_config(None, [{"data": {"sources": sources, "image_size": image_size}}]).data
+    with tempfile.TemporaryDirectory() as cache:
+        records = collect_records(config, get_task(config.task), Path(cache)).records
+    return sorted({r.image for r in records})
 
 
 @contextmanager
@@ -267,11 +299,11 @@ def scale(bench: _bench.Bench, args) -> dict:
     }
     samples: dict[int, dict[str, list[float]]] = {n: defaultdict(list) for n in counts}
     records = {}
-    timed_prepare(roots[counts[0]], args.workdir / "scale-out", args.image_size, 1)  # untimed: imports TensorFlow
+    timed_prepare(talo(roots[counts[0]]), args.workdir / "scale-out", args.image_size, 1)  # untimed: imports TensorFlow
     for _ in range(args.repeats):
         for n in counts:
             with stage_seconds(stages) as seconds:
-                total, records[n] = timed_prepare(roots[n], args.workdir / "scale-out", args.image_size, 1)
+                total, records[n] = timed_prepare(talo(roots[n]), args.workdir / "scale-out", args.image_size, 1)
             for name, value in {"total": total, **seconds}.items():
                 samples[n][name].append(value)
     median = {n: {name: _bench.summarize(values)["median"] for name, values in samples[n].items()} for n in counts}
@@ -339,6 +371,12 @@ def main() -> None:
     )
     bench.parser.add_argument(
         "--image-size", type=int, default=128, help="data.image_size prepare resizes to (default: %(default)s)"
+    )
+    bench.parser.add_argument(
+        "--source",
+        action="append",
+        metavar="NAME=PATH",
+        help="time prepare on a real collection instead of phantoms (data.sources NAME with from_path PATH; repeatable)",
     )
     bench.parser.add_argument(
         "--scale", action="store_true", help="time prepare against the image count instead (see above)"

@@ -267,6 +267,54 @@ def test_pairs_already_joined_are_not_checked_and_the_groups_stay_the_same(share
     assert len(rest) == 2  # a spanning tree: one check per image joined
 
 
+def test_checks_in_threads_confirm_exactly_the_pairs_of_the_serial_order(shared_data):
+    """The oracle is the serial loop: vote order, a pair joined meanwhile skipped. Several copies per original make
+    pairs that a better-voted pair of the same window joins first, which the threaded path must discard too."""
+    names = sorted((shared_data / TALO / "No_findings").iterdir())[:6]
+    originals = [preprocess.load_gray(p) for p in names]
+    grays = originals + [republished(g, family) for g in originals for family in FAMILIES[:5]]
+    features = [_features(g) for g in grays]
+    known = [(0, 6)]  # as the perceptual hash would pass them
+    serial = near_duplicates.confirmed_pairs(features, MIN_INLIERS, known)
+    assert len(serial) >= len(grays) - len(originals) - len(known)  # the copies were found: not a vacuous comparison
+    for threads in (2, 3):
+        assert near_duplicates.confirmed_pairs(features, MIN_INLIERS, known, threads=threads) == serial
+
+
+def test_a_small_image_is_described_at_its_own_size_and_its_copies_still_match(shared_data):
+    """Upsampling a 224 px image to SIDE adds only corners of the interpolation: it keeps its size, and its copies
+    at 4x (described at SIDE) and cropped (smaller still) are confirmed against it."""
+    path = sorted((shared_data / "chest-xray-pneumonia-224" / "chest_xray" / "test" / "NORMAL").glob("*.jpeg"))[0]
+    small = preprocess.load_gray(path)
+    assert max(small.shape) < near_duplicates.SIDE
+    described = _features(small)
+    assert (described.height, described.width) == small.shape
+    large = republished(small, "rescale 4x")
+    assert max(_features(large).width, _features(large).height) == near_duplicates.SIDE
+    for family in ("rescale 4x", "crop up to 20% per side"):
+        assert _confirmed(small, republished(small, family)) is not None, family
+
+
+def test_phantoms_of_two_patients_of_one_build_are_not_one_radiograph():
+    """Phantoms drawn with the same smooth anatomy (build, lungs, heart) for two patients differ in their ribs only:
+    before issue 26 every patient had the same drawn rib arcs, and such pairs fitted one similarity with 35-60
+    keypoints, so dedup removed patients' images from the bench's phantom sets."""
+    from covidxray.sources import synthetic
+
+    for trial in range(2):
+        anatomy = synthetic._patient_anatomy(np.random.default_rng(100 + trial))
+        first, second = (
+            synthetic.render_phantom(
+                "normal",
+                dict(anatomy, rib_shapes=synthetic._rib_shapes(np.random.default_rng([0, patient]))),
+                1024,
+                np.random.default_rng(patient),
+            )
+            for patient in (1, 2)
+        )
+        assert _confirmed(first, second) is None, trial
+
+
 def test_keypoints_are_spread_over_the_grid_before_the_strongest_rest(shared_data):
     """Against a plain reading of the rule: per cell the strongest fair share, all by strength, then the rest by strength."""
     small = cv2.equalizeHist(

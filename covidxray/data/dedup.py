@@ -177,8 +177,10 @@ def matches(
     features: Mapping[str, bytes] | None,
     max_distance: int,
     min_inliers: int,
+    threads: int = 1,
 ) -> list[tuple[int, int, str, int, str]]:
-    """(i, j, kind, distance, evidence) edges between positions in `order`, stage by stage."""
+    """(i, j, kind, distance, evidence) edges between positions in `order`, stage by stage (`threads`: for the
+    geometric checks; the edges are the same with any number)."""
     edges = []
     first_with: dict[bytes, int] = {}
     unique: list[int] = []
@@ -203,7 +205,9 @@ def matches(
         # the geometric check tells a copy from a follow-up itself, so it also runs within a patient;
         # pairs the perceptual hash already joined across patients need no check of their own
         unpacked = [near_duplicates.unpack(features[str(order[i].image)]) for i in unique]
-        for i, j, match in near_duplicates.confirmed_pairs(unpacked, min_inliers, [(i, j) for i, j, _ in perceptual]):
+        for i, j, match in near_duplicates.confirmed_pairs(
+            unpacked, min_inliers, [(i, j) for i, j, _ in perceptual], threads
+        ):
             edges.append((unique[i], unique[j], "geometric", match.inliers, match.describe()))
     return edges
 
@@ -216,17 +220,19 @@ def deduplicate(
     features: Mapping[str, bytes] | None = None,
     min_inliers: int = 0,
     label_conflicts: str = "drop",
+    threads: int = 1,
 ) -> DedupResult:
     """Drop exact, perceptual and (with `features`) geometric copies.
 
     `hashes` maps str(record.image) -> (pixel digest, perceptual hash),
     `features` -> near_duplicates.features(); `min_inliers` 0 skips the geometric stage.
     Copies with different labels (`label_conflicts`): "drop" removes every copy, "keep_priority" keeps the preferred one.
+    `threads`: geometric checks at once (the result does not depend on it).
     """
     if label_conflicts not in LABEL_CONFLICT_POLICIES:
         raise ValueError(f"label_conflicts={label_conflicts!r}: use one of {LABEL_CONFLICT_POLICIES}")
     order = sorted(records, key=lambda r: (priority.get(r.source, 0), r.source, r.record_id, str(r.image)))
-    edges = matches(order, hashes, features, max_distance, min_inliers)
+    edges = matches(order, hashes, features, max_distance, min_inliers, threads)
     cluster = list(range(len(order)))  # union-find; the most preferred position is the root
 
     def find(i: int) -> int:

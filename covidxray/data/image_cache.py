@@ -109,6 +109,11 @@ def cache_path(data_dir: Path, image_size: int, harmonise: str = harmonise_metho
     return Path(data_dir) / "cache" / f"decoded-{image_size}px-{tag}.sqlite"
 
 
+def workers_of(config: DataConfig) -> int:
+    """data.workers, 0 meaning one per core."""
+    return config.workers or os.cpu_count() or 1
+
+
 def keep_freed_buffers() -> bool:
     """Let this process reuse freed image buffers instead of handing them back to the kernel.
 
@@ -352,24 +357,60 @@ def _retry_alone(job: Job, decode: Callable, timeout_s: float) -> tuple[str, byt
     return outcome[0]
 
 
-def _decode_here(job: Job, decode: Callable, timeout_s: float, log: Log) -> tuple[str, bytes | None, Decoded]:
-    """Decode in this process (workers: 1), where nothing can stop a decoder stuck in C: name the file, at least."""
-    if not timeout_s:
-        return decode(job)
-    warning = threading.Timer(
-        timeout_s,
-        log,
-        [
-            f"{job[0]}: still decoding after data.decode_timeout_s ({timeout_s:g} s); with data.workers 1 it cannot "
-            "be stopped (interrupt, move the file aside, or set data.workers to 2 or more to have it skipped)"
-        ],
-    )
-    warning.daemon = True
-    warning.start()
-    try:
-        return decode(job)
-    finally:
-        warning.cancel()
+class _SlowFileWarning:
+    """Decode in this process (workers: 1), where nothing can stop a decoder stuck in C: name the file, at least.
+
+    One watching thread for the whole run (a timer per file cost more than a small file's decode on a busy board).
+    """
+
+    def __init__(self, timeout_s: float, log: Log):
+        self.timeout_s, self.log = timeout_s, log
+        self.changed = threading.Condition()
+        self.current: tuple[str, float] | None = None  # (path, monotonic start) of the file being decoded
+        self.finished = False
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> _SlowFileWarning:
+        if self.timeout_s:
+            self.watcher.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self.changed:
+            self.finished = True
+            self.changed.notify()
+        if self.watcher.is_alive():
+            self.watcher.join()
+
+    def decode(self, job: Job, decode: Callable) -> tuple[str, bytes | None, Decoded]:
+        if not self.timeout_s:
+            return decode(job)
+        with self.changed:
+            self.current = (job[0], time.monotonic())
+            self.changed.notify()
+        try:
+            return decode(job)
+        finally:
+            with self.changed:
+                self.current = None
+
+    def _watch(self) -> None:
+        warned = None
+        with self.changed:
+            while not self.finished:
+                current = self.current
+                if current is None or current is warned:
+                    self.changed.wait()
+                    continue
+                remaining = current[1] + self.timeout_s - time.monotonic()
+                if remaining > 0:
+                    self.changed.wait(remaining)
+                    continue
+                warned = current
+                self.log(
+                    f"{current[0]}: still decoding after data.decode_timeout_s ({self.timeout_s:g} s); with data.workers 1 "
+                    "it cannot be stopped (interrupt, move the file aside, or set data.workers to 2 or more to have it skipped)"
+                )
 
 
 class ImageCache:
@@ -444,7 +485,7 @@ class ImageCache:
         return self.decode_all(
             paths,
             config.image_size,
-            config.workers or os.cpu_count() or 1,
+            workers_of(config),
             progress,
             config.max_pixels,
             log,
@@ -492,8 +533,9 @@ class ImageCache:
         try:
             if workers <= 1 or (len(jobs) <= 1 and not timeout_s):
                 keep_freed_buffers()  # in this process: no pool to start for a single worker
-                for job in jobs:
-                    take(_decode_here(job, decode, timeout_s, log))
+                with _SlowFileWarning(timeout_s, log) as here:
+                    for job in jobs:
+                        take(here.decode(job, decode))
             else:
                 self._decode_parallel(jobs, workers, decode, take, log, timeout_s)
         except sqlite3.OperationalError as err:

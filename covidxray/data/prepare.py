@@ -35,7 +35,7 @@ from pathlib import Path
 from covidxray.config import DataConfig
 from covidxray.data import audit, dedup
 from covidxray.data.composition import composition
-from covidxray.data.image_cache import Decoded, ImageCache, cache_path
+from covidxray.data.image_cache import Decoded, ImageCache, cache_path, workers_of
 from covidxray.data.labels import Task, get_task, missing_classes
 from covidxray.data.split import SPLITS, make_splits, patients_overlap
 from covidxray.edge import harmonise as harmonise_method
@@ -341,6 +341,7 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
             features,
             config.dedup_min_inliers,
             config.dedup_label_conflicts,
+            threads=workers_of(config),
         )
         if deduped.duplicates:
             summary = deduped.summary()

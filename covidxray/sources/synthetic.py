@@ -100,6 +100,19 @@ def _patient_anatomy(rng) -> dict:
     }
 
 
+def _rib_shapes(rng) -> list[tuple[float, float, float, float]]:
+    """Each rib's own (shift in rib gaps, width and height factors, tilt in degrees), for more ribs than a lung holds.
+
+    Without them every phantom's ribs were the same drawn arcs a few smooth parameters apart, and two patients of
+    similar build fitted one similarity with 30-60 keypoints: dedup took them for one radiograph (issue 26).
+    Drawn from their own generator, so the rest of the phantom set is the same as before.
+    """
+    return [
+        (rng.uniform(-0.25, 0.25), rng.uniform(0.85, 1.15), rng.uniform(0.8, 1.25), rng.uniform(-6, 6))
+        for _ in range(64)
+    ]
+
+
 def render_phantom(label: str, anatomy: dict, size: int, rng) -> np.ndarray:
     """One radiograph of a patient: anatomy, the class finding, then pose, exposure and noise."""
     image = np.full((size, size), 15.0, np.float32)
@@ -111,15 +124,16 @@ def render_phantom(label: str, anatomy: dict, size: int, rng) -> np.ndarray:
     lungs = _lung_masks(size, anatomy)
     image -= 85 * np.maximum(*lungs)
     ribs = np.zeros((size, size), np.float32)
-    y = anatomy["lung_cy"] - anatomy["lung_h"]
+    y, shapes = anatomy["lung_cy"] - anatomy["lung_h"], iter(anatomy["rib_shapes"])
     while y < anatomy["lung_cy"] + anatomy["lung_h"]:
         for side in (-1, 1):
-            centre = (int(size * 0.5), int(size * (y - 0.05)))
+            dy, width, height, tilt = next(shapes)
+            centre = (int(size * 0.5), int(size * (y - 0.05 + dy * anatomy["rib_gap"])))
             cv2.ellipse(
                 ribs,
                 centre,
-                (int(size * 0.3), int(size * 0.08)),
-                0,
+                (int(size * 0.3 * width), int(size * 0.08 * height)),
+                side * tilt,
                 0 if side > 0 else 90,
                 90 if side > 0 else 180,
                 1.0,
@@ -149,6 +163,7 @@ def generate(root: Path, options: SyntheticOptions) -> None:
     for patient in range(options.patients):
         label = LABELS[patient % len(LABELS)]
         anatomy = _patient_anatomy(rng)
+        anatomy["rib_shapes"] = _rib_shapes(np.random.default_rng([options.seed, patient]))
         for n in range(int(rng.integers(1, options.max_images_per_patient + 1))):
             name = f"phantom{patient:05d}_{n}.png"
             cv2.imwrite(str(images / name), render_phantom(label, anatomy, options.image_size, rng))
