@@ -50,6 +50,12 @@ MEASURES = (
     "covidxray/export/source_profile.py",
 )
 
+# The three real collections in full (ieee8023's whole Aug-2020 snapshot, all of Kaggle, the NIH half of talo)
+FULL_COLLECTIONS = {
+    "covid-chestxray": "covid-chestxray-aug2020-768",
+    "chest-xray-pneumonia": "chest-xray-pneumonia-224",
+    "covid19-talo": "covid19-talo-nih-half-512",
+}
 RECIPES = {
     "kaggle-pneumonia": {
         "sources": {"chest-xray-pneumonia": "chest-xray-pneumonia-224"},
@@ -70,22 +76,14 @@ RECIPES = {
     # the three-class merge on the full collections (issue 23's goal for the default model): the chest3-loso
     # sources, all three in training, split by patient
     "chest3-full": {
-        "sources": {
-            "covid-chestxray": "covid-chestxray-aug2020-768",
-            "chest-xray-pneumonia": "chest-xray-pneumonia-224",
-            "covid19-talo": "covid19-talo-nih-half-512",
-        },
+        "sources": FULL_COLLECTIONS,
         "task": "chest3",
         "sets": [],
         "subsample": {"chest-xray-pneumonia": 3},  # as chest3-loso: Kaggle would be 80% of the images otherwise
         "goals": {"macro_auc": 0.98, "sensitivity": 0.85},
     },
     "chest3-loso": {
-        "sources": {
-            "covid-chestxray": "covid-chestxray-aug2020-768",
-            "chest-xray-pneumonia": "chest-xray-pneumonia-224",
-            "covid19-talo": "covid19-talo-nih-half-512",
-        },
+        "sources": FULL_COLLECTIONS,
         "task": "chest3",
         "sets": [],
         "leave_one_out": True,
