@@ -68,7 +68,10 @@ def _decode_resize(job: tuple[str, int]) -> None:
     from covidxray.edge import preprocess
 
     path, size = job
-    preprocess.resize_square(preprocess.load_gray(path), size)
+    try:
+        preprocess.resize_square(preprocess.load_gray(path), size)
+    except preprocess.ImageError:  # a real collection's unusable file: prepare tries it too, then drops it
+        pass
 
 
 def floor(paths: list[Path], size: int, workers: int) -> None:
