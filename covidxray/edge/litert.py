@@ -101,6 +101,16 @@ def _class_maps_problem(shape: list[int], num_classes: int) -> str | None:
     return None
 
 
+def _new_interpreter(flatbuffer: bytes, threads: int):
+    """A LiteRT interpreter of `flatbuffer` with its tensors allocated, XNNPACK's banner kept off stderr."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    with native_stderr_to(None):
+        interpreter = Interpreter(model_content=flatbuffer, num_threads=threads)
+        interpreter.allocate_tensors()
+    return interpreter
+
+
 class TFLiteClassifier:
     def __init__(
         self, model_path: str | Path, threads: int = 1, flatbuffer: bytes | None = None, card: dict | None = None
@@ -109,21 +119,17 @@ class TFLiteClassifier:
 
         `flatbuffer` and `card` in hand: export, running a model before it binds and writes the pair.
         """
-        from ai_edge_litert.interpreter import Interpreter
-
         self.path = Path(model_path)
         bound = flatbuffer is None
         sidecar: object = card
         if flatbuffer is None:
             flatbuffer, sidecar = self._read_pair()
-        with native_stderr_to(None):  # the XNNPACK banner
-            try:
-                self.interpreter = Interpreter(model_content=flatbuffer, num_threads=threads)
-                self.interpreter.allocate_tensors()
-            except (ValueError, RuntimeError) as err:
-                raise UserError(
-                    f"{self.path} is not a usable TFLite model ({' '.join(str(err).split())}): copy it again from the export, or export again"
-                ) from None
+        try:
+            self.interpreter = _new_interpreter(flatbuffer, threads)
+        except (ValueError, RuntimeError) as err:
+            raise UserError(
+                f"{self.path} is not a usable TFLite model ({' '.join(str(err).split())}): copy it again from the export, or export again"
+            ) from None
         if bound:
             self._check_binding(flatbuffer, sidecar)
         self.flatbuffer, self.threads = flatbuffer, threads  # for `twin`
@@ -159,12 +165,8 @@ class TFLiteClassifier:
     def twin(self) -> TFLiteClassifier:
         """This checked model with an interpreter of its own, for another thread (an interpreter is not
         thread-safe): the bytes, the sidecar and its fits are shared, not read, checked and built again."""
-        from ai_edge_litert.interpreter import Interpreter
-
         twin = copy.copy(self)
-        with native_stderr_to(None):
-            twin.interpreter = Interpreter(model_content=self.flatbuffer, num_threads=self.threads)
-            twin.interpreter.allocate_tensors()
+        twin.interpreter = _new_interpreter(self.flatbuffer, self.threads)
         return twin
 
     def _unusable(self, problem: str) -> UserError:
