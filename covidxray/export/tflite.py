@@ -36,6 +36,7 @@ from covidxray.export.c_array import write_c_array
 from covidxray.export.calibration import calibration_summary
 from covidxray.export.class_maps import served_model
 from covidxray.export.formats import FORMATS, check_formats
+from covidxray.export.input_scaling import fold_input_scaling
 from covidxray.export.keras_file import load_keras_model
 from covidxray.files import atomic_path, sha256_file, signals_held
 from covidxray.manifest import check_model_matches, manifest_sha256, require_intact_shards, shard_paths
@@ -161,7 +162,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     log = run_dir / CONVERTER_LOG
     log.unlink(missing_ok=True)
     with native_stderr_to(log):
-        saved_model = write_saved_model(served_model(model), run_dir)
+        saved_model = write_saved_model(served_model(fold_input_scaling(model)), run_dir)
     say(f"SavedModel: {saved_model}")
 
     report: dict[str, Any] = {
