@@ -133,7 +133,7 @@ def test_every_registered_source_meets_the_record_contract(name, tmp_path):
     source = build_source(name, options)
     assert set(options) <= set(source.option_names())
     assert f"Options: {', '.join(source.option_names())}." in SOURCE_REGISTRY.describe(name)
-    root = source.fetch(tmp_path / "cache")
+    root, provenance = source.fetch(tmp_path / "cache")
     items = list(source.records(root))
     records = [item for item in items if isinstance(item, Record)]
     assert records and all(isinstance(item, (Record, Dropped)) for item in items)
@@ -155,3 +155,19 @@ def test_every_registered_source_meets_the_record_contract(name, tmp_path):
 def test_every_registered_source_refuses_an_unknown_option_by_name(name):
     with pytest.raises(ConfigError, match=rf"data\.sources\.{name}.*unknown key"):
         build_source(name, {"no_such_option": 1})
+
+
+def test_an_adapter_missing_a_contract_method_is_refused_when_built():
+    from covidxray.sources import Source
+
+    class NoLayoutCheck(Source):
+        name = "no-layout-check"
+
+        def fetch(self, cache_dir):
+            raise AssertionError("never reached")
+
+        def records(self, root):
+            return iter(())
+
+    with pytest.raises(TypeError, match="is_root"):
+        NoLayoutCheck()
