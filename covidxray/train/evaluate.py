@@ -57,12 +57,12 @@ BATCH = 64
 def predict_split(
     model, data_dir: Path, split: str, image_size: int, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    from covidxray.train.input import make_dataset, predict_batches
+    from covidxray.train.input import InputSpec, make_dataset, predict_batches
 
     paths = shard_paths(data_dir, split)
     if not paths:
         return np.zeros((0, num_classes), np.float32), np.zeros(0, np.int64)
-    return predict_batches(model, make_dataset(paths, image_size, num_classes, BATCH)[0], num_classes)
+    return predict_batches(model, make_dataset(paths, InputSpec(image_size, num_classes, BATCH))[0], num_classes)
 
 
 def choose_thresholds(labels: np.ndarray, probabilities: np.ndarray) -> list[float | None]:
