@@ -145,7 +145,10 @@ def test_every_registered_source_meets_the_record_contract(name, tmp_path):
         assert record.label in HARMONISED_LABELS
         assert record.image.is_file() and record.image.suffix.lower() in IMAGE_SUFFIXES
     assert all(item.reason for item in items if isinstance(item, Dropped))
+    assert all(value is None or isinstance(value, str) for value in provenance.values())  # JSON for the manifest
     if layout is not None:  # the layout's own row-by-row declaration is the oracle
+        # a described collection says where it came from, and under which licence
+        assert provenance["licence"] and provenance["from"] == str(layout.root)
         assert {r.image.name: r.label for r in records} == layout.labels
         assert {r.image.name: r.patient_id for r in records} == layout.patients
         assert Counter(item.reason for item in items if isinstance(item, Dropped)) == layout.dropped
