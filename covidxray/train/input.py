@@ -17,13 +17,17 @@ size^2 x 4 bytes, e.g. 45 MB at 224 px, batch 32, 4 threads.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
 from covidxray.data.tfrecord import FEATURES, parse_example
+
+if TYPE_CHECKING:
+    from covidxray.config import TrainConfig
 
 PREFETCH_BATCHES = 2
 
@@ -133,6 +137,18 @@ class InputSpec:
     shuffle_buffer: int = 512
     seed: int = 0
     by_source: SourceAware | None = None
+
+    def training_stream(self, train: TrainConfig) -> InputSpec:
+        """This reading as the training stream of `train`: endless, shuffled and augmented as it says."""
+        return replace(
+            self,
+            training=True,
+            augment=train.augment,
+            augment_strength=train.augment_strength,
+            shuffle_buffer=train.shuffle_buffer,
+            seed=train.seed,
+            degrade=train.degrade,
+        )
 
 
 def make_dataset(paths: list[Path], spec: InputSpec) -> tuple[tf.data.Dataset, RankShards]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -61,14 +60,7 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     train_shards = present_shards(data_dir, "train")
     if not train_shards:
         raise SystemExit(f"no train shard of {data_dir / 'manifest.json'} on this board")
-    training = replace(
-        every_split,
-        training=True,
-        augment=cfg.augment,
-        augment_strength=cfg.augment_strength,
-        shuffle_buffer=cfg.shuffle_buffer,
-        seed=cfg.seed,
-    )
+    training = every_split.training_stream(cfg)
     train_steps(model, cfg.learning_rate, average, make_dataset(train_shards, training)[0].take(steps))
     # each epoch ends with predictions on the val split (a second graph)
     validation, _ = make_dataset(present_shards(data_dir, "val") or train_shards, every_split)

@@ -364,16 +364,7 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
         )
         train_ds, my_shards = make_dataset(
             shard_paths(data_dir, "train"),
-            replace(
-                every_split,
-                training=True,
-                augment=cfg.augment,
-                augment_strength=cfg.augment_strength,
-                shuffle_buffer=cfg.shuffle_buffer,
-                seed=cfg.seed,
-                degrade=cfg.degrade,
-                by_source=by_source,
-            ),
+            replace(every_split.training_stream(cfg), by_source=by_source),
         )
         val_ds, _ = make_dataset(shard_paths(data_dir, "val"), every_split)
         scaled_lr = cfg.learning_rate * world.size  # the peak; LearningRateSchedule sets every step's LR
