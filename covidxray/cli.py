@@ -10,7 +10,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -25,6 +25,10 @@ from covidxray.run_folder import DEFAULT_FORMAT
 from covidxray.train.models import MODEL_REGISTRY
 from covidxray.train.weights import IMAGENET_WEIGHTS, PACKAGED_WEIGHTS
 from covidxray.train_stack import missing_train_stack, require_train_stack
+
+if TYPE_CHECKING:  # the edge predictor loads OpenCV, which predict imports only after limiting its decoder
+    from covidxray.edge.predict import Predictor
+    from covidxray.edge.preprocess import ImageError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter hides our messages
 
@@ -386,17 +390,7 @@ def predict(
 ):
     """Classify X-rays with the exported model (LiteRT interpreter; no TensorFlow needed)."""
     from covidxray.edge.image_header import limit_decoder_pixels
-    from covidxray.files import signals_held
     from covidxray.run_folder import resolve_model
-
-    def gradcam_for():
-        try:
-            from covidxray.export.gradcam import gradcam_for  # imports TensorFlow
-        except ImportError as err:
-            raise UserError(
-                f"--explain runs the Keras model and needs TensorFlow ({err}): run it where covidxray was trained, or install the full package"
-            ) from None
-        return gradcam_for(explain_dir, keras_model)
 
     def load():
         if as_json and as_jsonl:
@@ -405,20 +399,43 @@ def predict(
         limit_decoder_pixels(max_pixels)  # OpenCV's own limit, read once when cv2 is imported (next line)
         from covidxray.edge.predict import Predictor, expand_inputs
 
-        explainer = gradcam_for() if explain else None
+        explainer = _gradcam(explain_dir, keras_model) if explain else None
         predictor = Predictor(resolve_model(model, fmt), threads, explainer, warn, max_pixels)
         return predictor, expand_inputs(files)
 
     predictor, inputs = run(load)
+    mode = "jsonl" if as_jsonl else "json" if as_json else "text"
+    results = _classify_each(predictor, inputs, mode)
+    if mode == "json":
+        print(json.dumps(results, indent=2))
+    if any("error" in item or "rejected" in item for item in results):
+        raise typer.Exit(1)
+
+
+def _gradcam(explain_dir: Path, keras_model: Path | None):
+    """predict --explain's Grad-CAM writer, or a UserError where TensorFlow is not installed (as on a Pi)."""
+    try:
+        from covidxray.export.gradcam import gradcam_for  # imports TensorFlow
+    except ImportError as err:
+        raise UserError(
+            f"--explain runs the Keras model and needs TensorFlow ({err}): run it where covidxray was trained, or install the full package"
+        ) from None
+    return gradcam_for(explain_dir, keras_model)
+
+
+def _classify_each(predictor: Predictor, inputs: list[Path | ImageError], mode: str) -> list[dict]:
+    """Each input's result, shown as soon as it is done; on Ctrl-C, what was done and where to pick up (exit 130)."""
+    from covidxray.files import signals_held
+
     results: list[dict] = []
     try:
         for item in inputs:
             result = predictor(item)
             with signals_held():  # a result counts as done once its line is out, whole
-                show_result(result, "jsonl" if as_jsonl else "json" if as_json else "text")
+                show_result(result, mode)
                 results.append(result)
     except KeyboardInterrupt:
-        if as_json:
+        if mode == "json":
             print(json.dumps(results, indent=2))  # still one valid document, of the files done
         left = inputs[len(results)]
         console.print(
@@ -429,10 +446,7 @@ def predict(
             highlight=False,
         )
         raise typer.Exit(130) from None
-    if as_json:
-        print(json.dumps(results, indent=2))
-    if any("error" in item or "rejected" in item for item in results):
-        raise typer.Exit(1)
+    return results
 
 
 def show_result(item: dict, mode: str) -> None:

@@ -175,67 +175,69 @@ def _check(name: str, ok: bool, detail: str, required: bool = True) -> dict:
     return {"name": name, "ok": bool(ok), "required": required, "detail": detail}
 
 
-def diagnose(data_dir: Path | None = None, config_path: Path | None = None, memory_probe: bool = True) -> dict:
-    from covidxray.train.distributed import cores_per_rank, horovod_build
-
+def _refuse_bad_arguments(data_dir: Path | None, config_path: Path | None) -> None:
+    """A missing folder or a broken config is the user's error here, not a failed check."""
     if data_dir is not None and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir} is not a folder")
     if config_path is not None:
         from covidxray.config import load_config
 
-        load_config(config_path)  # a broken config is the user's error here, not a failed memory check
-    versions = _package_versions()
-    horovod = horovod_build()
-    cores = cores_per_rank(1)
-    memory_mb = _available_memory_mb()
-    disk_at = Path(data_dir) if data_dir else Path.cwd()
-    free_disk_mb = shutil.disk_usage(disk_at).free // (1 << 20)
+        load_config(config_path)
 
-    checks = [
-        _check("tensorflow", bool(versions["tensorflow"]), versions["tensorflow"] or "not installed"),
-        _check("horovod", horovod["installed"], horovod.get("version") or horovod.get("error", "")),
-    ]
-    if horovod["installed"]:
-        controllers = horovod["controllers"]
-        checks += [
-            _check(
-                "horovod built for TensorFlow",
-                horovod["frameworks"]["tensorflow"],
-                "built"
-                if horovod["frameworks"]["tensorflow"]
-                else "missing: reinstall horovod against the installed TF (scripts/install.sh)",
-            ),
-            _check(
-                "gloo controller (horovodrun --gloo, elastic)",
-                controllers["gloo"],
-                "built" if controllers["gloo"] else "missing: rebuild with HOROVOD_WITH_GLOO=1",
-            ),
-            _check(
-                "mpi controller (mpirun)",
-                controllers["mpi"],
-                "built" if controllers["mpi"] else "missing: install MPICH and rebuild with HOROVOD_WITH_MPI=1",
-                required=False,
-            ),
-            _check(
-                "mpirun",
-                bool(horovod["mpirun"]) or not controllers["mpi"],
-                horovod["mpirun"] or "not on PATH (apt install mpich)",
-                required=False,
-            ),
-        ]
-        if horovod["mpirun"]:
-            detected = horovod["horovodrun_mpi_detects"]
-            checks.append(
-                _check(
-                    "horovodrun --mpi recognises this MPI",
-                    detected not in ("Unknown", "Missing"),
-                    detected
-                    if detected not in ("Unknown", "Missing")
-                    else "no (MPICH 4 prints HYDRA): put scripts/mpich-shim first on PATH, or launch with mpirun -np N -f machinefile",
-                    required=False,
-                )
-            )
+
+def _built(ok: bool, fix: str) -> str:
+    return "built" if ok else f"missing: {fix}"
+
+
+def _horovod_checks(horovod: dict) -> list[dict]:
+    """Horovod itself, then (when installed) what it was built with and whether its launchers work here."""
+    checks = [_check("horovod", horovod["installed"], horovod.get("version") or horovod.get("error", ""))]
+    if not horovod["installed"]:
+        return checks
+    with_tf, controllers = horovod["frameworks"]["tensorflow"], horovod["controllers"]
     checks += [
+        _check(
+            "horovod built for TensorFlow",
+            with_tf,
+            _built(with_tf, "reinstall horovod against the installed TF (scripts/install.sh)"),
+        ),
+        _check(
+            "gloo controller (horovodrun --gloo, elastic)",
+            controllers["gloo"],
+            _built(controllers["gloo"], "rebuild with HOROVOD_WITH_GLOO=1"),
+        ),
+        _check(
+            "mpi controller (mpirun)",
+            controllers["mpi"],
+            _built(controllers["mpi"], "install MPICH and rebuild with HOROVOD_WITH_MPI=1"),
+            required=False,
+        ),
+        _check(
+            "mpirun",
+            bool(horovod["mpirun"]) or not controllers["mpi"],
+            horovod["mpirun"] or "not on PATH (apt install mpich)",
+            required=False,
+        ),
+    ]
+    if horovod["mpirun"]:
+        checks.append(_mpi_detected_check(horovod["horovodrun_mpi_detects"]))
+    return checks
+
+
+def _mpi_detected_check(detected: str) -> dict:
+    recognised = detected not in ("Unknown", "Missing")
+    return _check(
+        "horovodrun --mpi recognises this MPI",
+        recognised,
+        detected
+        if recognised
+        else "no (MPICH 4 prints HYDRA): put scripts/mpich-shim first on PATH, or launch with mpirun -np N -f machinefile",
+        required=False,
+    )
+
+
+def _room_checks(memory_mb: int | None, free_disk_mb: int, disk_at: Path) -> list[dict]:
+    return [
         _check(
             "free memory",
             memory_mb is None or memory_mb >= MIN_FREE_MEMORY_MB,
@@ -244,49 +246,75 @@ def diagnose(data_dir: Path | None = None, config_path: Path | None = None, memo
         ),
         _check("free disk", free_disk_mb >= MIN_FREE_DISK_MB, f"{free_disk_mb} MB free at {disk_at}", required=False),
     ]
-    gloo = gloo_address()
-    checks.append(_check("gloo address reachable from other boards", gloo["reachable"], gloo["detail"], required=False))
+
+
+def _shard_checks(shards: dict) -> list[dict]:
+    """The manifest's own checksum, the shards' and (when they differ) the tables' against the manifest."""
+    damaged = shards["missing"] + shards["sha256_mismatch"]
+    checks = [
+        _check(
+            "manifest intact (its own checksum)",
+            not shards["manifest_error"],
+            shards["manifest_error"] or "checksum matches",
+        ),
+        _check(
+            "shards match manifest sha256",
+            not damaged,
+            f"{shards['shards']} shards verified"
+            if not damaged
+            else f"missing {shards['missing']}, changed {shards['sha256_mismatch']}: re-copy them or re-run prepare",
+        ),
+    ]
+    if shards["tables_mismatch"]:
+        checks.append(
+            _check(
+                "tables match manifest",
+                False,
+                f"{', '.join(shards['tables_mismatch'])} not the one(s) manifest.json records: re-run prepare",
+                required=False,
+            )
+        )
+    return checks
+
+
+def _is_damaged(shards: dict) -> bool:
+    return bool(shards["missing"] or shards["sha256_mismatch"] or shards["manifest_error"])
+
+
+def _fits_check(memory: dict | None) -> dict:
+    """Whether one training rank fits; `memory` None: not measured, because the data set is damaged."""
+    if memory is None:  # a probe on damaged shards would fail for that reason, not for lack of memory
+        return _check(
+            "fits this board",
+            False,
+            "not measured: the data set is damaged (see the checks above); repair it with prepare first",
+            required=False,
+        )
+    return _check("fits this board", memory["fits"], _memory_detail(memory))
+
+
+def diagnose(data_dir: Path | None = None, config_path: Path | None = None, memory_probe: bool = True) -> dict:
+    from covidxray.train.distributed import cores_per_rank, horovod_build
+
+    _refuse_bad_arguments(data_dir, config_path)
+    versions, horovod, gloo = _package_versions(), horovod_build(), gloo_address()
+    memory_mb = _available_memory_mb()
+    disk_at = Path(data_dir) if data_dir else Path.cwd()
+    free_disk_mb = shutil.disk_usage(disk_at).free // (1 << 20)
+
+    checks = [
+        _check("tensorflow", bool(versions["tensorflow"]), versions["tensorflow"] or "not installed"),
+        *_horovod_checks(horovod),
+        *_room_checks(memory_mb, free_disk_mb, disk_at),
+        _check("gloo address reachable from other boards", gloo["reachable"], gloo["detail"], required=False),
+    ]
     shards = memory = None
     if data_dir is not None:
         shards = check_shards(Path(data_dir))
-        bad = shards["missing"] + shards["sha256_mismatch"]
-        checks.append(
-            _check(
-                "manifest intact (its own checksum)",
-                not shards["manifest_error"],
-                shards["manifest_error"] or "checksum matches",
-            )
-        )
-        checks.append(
-            _check(
-                "shards match manifest sha256",
-                not bad,
-                f"{shards['shards']} shards verified"
-                if not bad
-                else f"missing {shards['missing']}, changed {shards['sha256_mismatch']}: re-copy them or re-run prepare",
-            )
-        )
-        if shards["tables_mismatch"]:
-            checks.append(
-                _check(
-                    "tables match manifest",
-                    False,
-                    f"{', '.join(shards['tables_mismatch'])} not the one(s) manifest.json records: re-run prepare",
-                    required=False,
-                )
-            )
-        if memory_probe and (bad or shards["manifest_error"]):  # a probe on damaged shards fails for that reason
-            checks.append(
-                _check(
-                    "fits this board",
-                    False,
-                    "not measured: the data set is damaged (see the checks above); repair it with prepare first",
-                    required=False,
-                )
-            )
-        elif memory_probe:
-            memory = training_memory(Path(data_dir), config_path, memory_mb)
-            checks.append(_check("fits this board", memory["fits"], _memory_detail(memory)))
+        checks += _shard_checks(shards)
+        if memory_probe:
+            memory = None if _is_damaged(shards) else training_memory(Path(data_dir), config_path, memory_mb)
+            checks.append(_fits_check(memory))
     return {
         "ok": all(c["ok"] for c in checks if c["required"]),
         "host": socket.gethostname(),
@@ -294,7 +322,7 @@ def diagnose(data_dir: Path | None = None, config_path: Path | None = None, memo
         "versions": versions,
         "horovod": horovod,
         "system": {
-            "cores_usable": cores,
+            "cores_usable": cores_per_rank(1),
             "cores_total": os.cpu_count(),
             "memory_available_mb": memory_mb,
             "disk_free_mb": free_disk_mb,

@@ -80,7 +80,7 @@ def main() -> None:
 
     from covidxray.manifest import load_manifest, shard_paths
     from covidxray.train.distributed import init_world
-    from covidxray.train.input import make_dataset
+    from covidxray.train.input import InputSpec, make_dataset
 
     world = init_world()  # single process: as `covidxray train` outside horovodrun
     model_cases = _bench.parse_cases(args.cases)
@@ -91,12 +91,9 @@ def main() -> None:
         for augment in (False, True):
             ds, _ = make_dataset(
                 shard_paths(data, "train"),
-                size,
-                len(labels),
-                args.batch_size,
-                training=True,
-                augment=augment,
-                threads=world.cores_per_rank,
+                InputSpec(
+                    size, len(labels), args.batch_size, training=True, augment=augment, threads=world.cores_per_rank
+                ),
             )
             iterator = iter(ds)
             first_batch[size] = next(iterator)

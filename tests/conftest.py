@@ -91,9 +91,11 @@ def copy_trained_model(run_dir: Path, target: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def all_formats_run(trained_run, synthetic_data, tmp_path_factory) -> Path:
-    """`trained_run`'s model exported to float32, float16 and int8 (+ C array) in its own folder."""
+    """`trained_run`'s model exported to every registered format (float32, float16, int8) in its own folder."""
     run_dir = copy_trained_model(trained_run, tmp_path_factory.mktemp("all-formats") / "run")
-    formats = [arg for fmt in ("float32", "float16", "int8") for arg in ("--format", fmt)]
+    from covidxray.export.formats import FORMATS
+
+    formats = [arg for fmt in FORMATS.names() for arg in ("--format", fmt)]
     result = run_cli("export", "--run-dir", str(run_dir), "--data-dir", str(synthetic_data), *formats)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir

@@ -133,7 +133,7 @@ def test_every_registered_source_meets_the_record_contract(name, tmp_path):
     source = build_source(name, options)
     assert set(options) <= set(source.option_names())
     assert f"Options: {', '.join(source.option_names())}." in SOURCE_REGISTRY.describe(name)
-    root = source.fetch(tmp_path / "cache")
+    root, provenance = source.fetch(tmp_path / "cache")
     items = list(source.records(root))
     records = [item for item in items if isinstance(item, Record)]
     assert records and all(isinstance(item, (Record, Dropped)) for item in items)
@@ -145,7 +145,10 @@ def test_every_registered_source_meets_the_record_contract(name, tmp_path):
         assert record.label in HARMONISED_LABELS
         assert record.image.is_file() and record.image.suffix.lower() in IMAGE_SUFFIXES
     assert all(item.reason for item in items if isinstance(item, Dropped))
+    assert all(value is None or isinstance(value, str) for value in provenance.values())  # JSON for the manifest
     if layout is not None:  # the layout's own row-by-row declaration is the oracle
+        # a described collection says where it came from, and under which licence
+        assert provenance["licence"] and provenance["from"] == str(layout.root)
         assert {r.image.name: r.label for r in records} == layout.labels
         assert {r.image.name: r.patient_id for r in records} == layout.patients
         assert Counter(item.reason for item in items if isinstance(item, Dropped)) == layout.dropped
@@ -155,3 +158,19 @@ def test_every_registered_source_meets_the_record_contract(name, tmp_path):
 def test_every_registered_source_refuses_an_unknown_option_by_name(name):
     with pytest.raises(ConfigError, match=rf"data\.sources\.{name}.*unknown key"):
         build_source(name, {"no_such_option": 1})
+
+
+def test_an_adapter_missing_a_contract_method_is_refused_when_built():
+    from covidxray.sources import Source
+
+    class NoLayoutCheck(Source):
+        name = "no-layout-check"
+
+        def fetch(self, cache_dir):
+            raise AssertionError("never reached")
+
+        def records(self, root):
+            return iter(())
+
+    with pytest.raises(TypeError, match="is_root"):
+        NoLayoutCheck()

@@ -91,11 +91,10 @@ def source_sorted_shards(tmp_path_factory):
 
 
 def _batches(paths, by_source, shuffle_buffer, count=60, batch=24):
-    from covidxray.train.input import make_dataset
+    from covidxray.train.input import InputSpec, make_dataset
 
-    ds, _ = make_dataset(
-        paths, 8, 3, batch, training=True, shuffle_buffer=shuffle_buffer, seed=3, by_source=by_source, threads=1
-    )
+    spec = InputSpec(8, 3, batch, training=True, shuffle_buffer=shuffle_buffer, seed=3, by_source=by_source, threads=1)
+    ds, _ = make_dataset(paths, spec)
     return list(ds.take(count).as_numpy_iterator())
 
 

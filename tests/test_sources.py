@@ -28,7 +28,7 @@ from layouts import (
 from covidxray.config import ConfigError
 from covidxray.errors import UserError
 from covidxray.records import HARMONISED_LABELS, Dropped
-from covidxray.sources import SOURCE_REGISTRY, build_source, zhanglab
+from covidxray.sources import SOURCE_REGISTRY, SourceContext, build_source, zhanglab
 from covidxray.sources.descriptors import DESCRIPTOR_DIR, load_descriptor
 
 REAL_SOURCES = ("covid-chestxray", "chest-xray-pneumonia", "kermany", "covid19-talo")
@@ -36,14 +36,14 @@ REAL_SOURCES = ("covid-chestxray", "chest-xray-pneumonia", "kermany", "covid19-t
 
 def read(name: str, options: dict, cache: Path):
     source = build_source(name, options)
-    root = source.fetch(cache)
+    root, provenance = source.fetch(cache)
     records, dropped = [], Counter()
     for item in source.records(root):
         if isinstance(item, Dropped):
             dropped[item.reason] += 1
         else:
             records.append(item)
-    return source, root, records, dropped
+    return provenance, root, records, dropped
 
 
 def assert_matches(layout, records, dropped):
@@ -260,11 +260,17 @@ def test_download_from_a_mirror_url_with_checksum(tmp_path):
     payload = zip_tree(tmp_path / "content", tmp_path / "COVID-19-master.zip").read_bytes()
     digest = hashlib.sha256(payload).hexdigest()
     with FileServer({"/COVID-19-master.zip": payload}) as server:
-        source, root, records, dropped = read(
+        provenance, root, records, dropped = read(
             "covid19-talo", {"url": server.url("/COVID-19-master.zip"), "sha256": digest}, tmp_path / "cache"
         )
         assert_matches(layout, records, dropped)
-        assert source.provenance["sha256"] == digest and source.provenance["url"].startswith("http://127.0.0.1")
+        assert provenance["sha256"] == digest and provenance["url"].startswith("http://127.0.0.1")
+        heard: list[str] = []  # the run's reporter, not a hard-wired stderr, hears the download and the unpack
+        source = build_source(
+            "covid19-talo", {"url": server.url("/COVID-19-master.zip")}, SourceContext(say=heard.append)
+        )
+        source.fetch(tmp_path / "heard-cache")
+        assert any(line.startswith("downloading http://127.0.0.1") for line in heard), heard
         with pytest.raises(UserError, match=f"expected sha256 {'a' * 64}, got {digest}"):
             read(
                 "covid19-talo",
@@ -371,12 +377,10 @@ def test_aug_2020_sample_keeps_exactly_the_listed_images_it_holds(shared_data, t
 
 def test_label_overrides_map_unknown_findings_and_override_exclusions(shared_data, tmp_path):
     root = aug_2020_with_every_image(shared_data, tmp_path / "repo")
-    source = build_source("covid-chestxray", {"from_path": str(root)})
-    source.label_overrides = {
-        "ards": "pneumonia/other",
-        "Lipoid": "pneumonia",
-    }  # matched like findings: case-insensitive
-    records = [item for item in source.records(source.fetch(tmp_path / "cache")) if not isinstance(item, Dropped)]
+    # matched like findings: case-insensitive
+    overrides = SourceContext(label_overrides={"ards": "pneumonia/other", "Lipoid": "pneumonia"})
+    source = build_source("covid-chestxray", {"from_path": str(root)}, overrides)
+    records = [item for item in source.records(source.fetch(tmp_path / "cache").root) if not isinstance(item, Dropped)]
     labels = Counter(r.label for r in records)
     assert labels["pneumonia/other"] == 4 and labels["pneumonia"] == 10 + 3  # ARDS now kept; Lipoid moved
     assert labels["covid-19"] == 429  # "COVID-19, ARDS" is listed whole, so overriding ARDS leaves it covid-19

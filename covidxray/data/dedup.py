@@ -38,6 +38,7 @@ import hashlib
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import cv2
 import numpy as np
@@ -171,6 +172,20 @@ def _other_origin(first: Record, second: Record) -> bool:
     return first.source != second.source or first.patient_id != second.patient_id
 
 
+class Match(NamedTuple):
+    """One match found between two positions of the dedup order."""
+
+    first: int
+    second: int
+    kind: str  # "exact", "perceptual" or "geometric"
+    distance: int  # Hamming bits (perceptual), RANSAC inliers (geometric), 0 (exact)
+    evidence: str  # the match in words
+
+    def seen_from(self, position: int) -> Match:
+        """This match with `position` first: `second` is then its partner."""
+        return self if position == self.first else self._replace(first=self.second, second=self.first)
+
+
 def matches(
     order: list[Record],
     hashes: Mapping[str, tuple[bytes, bytes]],
@@ -178,16 +193,16 @@ def matches(
     max_distance: int,
     min_inliers: int,
     threads: int = 1,
-) -> list[tuple[int, int, str, int, str]]:
-    """(i, j, kind, distance, evidence) edges between positions in `order`, stage by stage (`threads`: for the
-    geometric checks; the edges are the same with any number)."""
-    edges = []
+) -> list[Match]:
+    """Matches between positions in `order`, stage by stage (`threads`: for the geometric checks; the matches are
+    the same with any number)."""
+    edges: list[Match] = []
     first_with: dict[bytes, int] = {}
     unique: list[int] = []
     for index, record in enumerate(order):
         digest = hashes[str(record.image)][0]
         if digest in first_with:
-            edges.append((first_with[digest], index, "exact", 0, "same decoded pixels"))
+            edges.append(Match(first_with[digest], index, "exact", 0, "same decoded pixels"))
         else:
             first_with[digest] = index
             unique.append(index)
@@ -200,7 +215,7 @@ def matches(
     matrix = np.frombuffer(b"".join(hashes[str(order[i].image)][1] for i in unique), np.uint8).reshape(len(unique), -1)
     perceptual = [(i, j, distance) for i, j, distance in near_pairs(matrix, max_distance) if other_patients(i, j)]
     for i, j, distance in perceptual:
-        edges.append((unique[i], unique[j], "perceptual", distance, f"hamming {distance} of 256 bits"))
+        edges.append(Match(unique[i], unique[j], "perceptual", distance, f"hamming {distance} of 256 bits"))
     if features is not None and min_inliers > 0:
         # the geometric check tells a copy from a follow-up itself, so it also runs within a patient;
         # pairs the perceptual hash already joined across patients need no check of their own
@@ -208,7 +223,7 @@ def matches(
         for i, j, match in near_duplicates.confirmed_pairs(
             unpacked, min_inliers, [(i, j) for i, j, _ in perceptual], threads
         ):
-            edges.append((unique[i], unique[j], "geometric", match.inliers, match.describe()))
+            edges.append(Match(unique[i], unique[j], "geometric", match.inliers, match.describe()))
     return edges
 
 
@@ -231,8 +246,26 @@ def deduplicate(
     """
     if label_conflicts not in LABEL_CONFLICT_POLICIES:
         raise ValueError(f"label_conflicts={label_conflicts!r}: use one of {LABEL_CONFLICT_POLICIES}")
+    # The most preferred copy first: the position order decides which copy of a group stays.
     order = sorted(records, key=lambda r: (priority.get(r.source, 0), r.source, r.record_id, str(r.image)))
     edges = matches(order, hashes, features, max_distance, min_inliers, threads)
+    first_match, groups = copy_groups(order, edges)
+    duplicates, removed = _duplicates(order, groups, first_match, label_conflicts)
+    merged = _merged_patients(order, duplicates)
+    kept = [
+        dataclasses.replace(r, patient_id=merged.get(r.patient_id, r.patient_id))
+        for i, r in enumerate(order)
+        if i not in removed
+    ]
+    found = [(order[m.first], order[m.second], m.kind, m.evidence) for m in edges]
+    return DedupResult(kept=kept, duplicates=duplicates, merged_patients=merged, matches=found)
+
+
+def copy_groups(order: list[Record], edges: list[Match]) -> tuple[dict[int, Match], dict[int, list[int]]]:
+    """(each matched position's first match seen from it, each group's root -> the positions that go as its copies).
+
+    A group is every position joined by matches; its root is its most preferred (lowest) position.
+    """
     cluster = list(range(len(order)))  # union-find; the most preferred position is the root
 
     def find(i: int) -> int:
@@ -241,56 +274,62 @@ def deduplicate(
             i = cluster[i]
         return i
 
-    how: dict[int, tuple[int, str, int, str]] = {}  # position -> (partner, kind, distance, evidence) of its first match
+    first_match: dict[int, Match] = {}
     confirmed = set()  # positions matched exactly or geometrically to a preferred image: copies even within one patient
-    for i, j, kind, distance, evidence in edges:
+    for edge in edges:
+        i, j = edge.first, edge.second
         a, b = find(i), find(j)
         cluster[max(a, b)] = min(a, b)
-        how.setdefault(i, (j, kind, distance, evidence))
-        how.setdefault(j, (i, kind, distance, evidence))
-        if kind == "exact" or (kind == "geometric" and _other_origin(order[i], order[j])):
+        first_match.setdefault(i, edge.seen_from(i))
+        first_match.setdefault(j, edge.seen_from(j))
+        if edge.kind == "exact" or (edge.kind == "geometric" and _other_origin(order[i], order[j])):
             confirmed.add(max(i, j))
-    members: dict[int, list[int]] = defaultdict(list)
-    for i in how:
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i in first_match:
         root = find(i)
         # confirmed copies always go; a perceptual match goes unless it is the root patient's own (maybe a follow-up)
         if i != root and (i in confirmed or order[i].patient_id != order[root].patient_id):
-            members[root].append(i)
+            groups[root].append(i)
+    return first_match, groups
 
+
+def _duplicates(
+    order: list[Record], groups: dict[int, list[int]], first_match: dict[int, Match], label_conflicts: str
+) -> tuple[list[Duplicate], set[int]]:
+    """(a Duplicate per removed copy, the removed positions); a label conflict under "drop" removes the root too."""
     duplicates: list[Duplicate] = []
-    removed = {i for copies in members.values() for i in copies}
-    for root, copies in members.items():
+    removed = {i for copies in groups.values() for i in copies}
+    for root, copies in groups.items():
         conflict = len({order[i].label for i in [root, *copies]}) > 1
         drop_all = conflict and label_conflicts == "drop"
         for i in sorted(copies):
-            partner, kind, distance, evidence = how[i]
-            kept_in_its_place = root if partner in removed else partner  # the image it matched, unless that went too
+            match = first_match[i]
+            # the image it matched, unless that went too
+            kept_in_its_place = root if match.second in removed else match.second
             duplicates.append(
-                Duplicate(
-                    order[i],
-                    order[kept_in_its_place],
-                    kind,
-                    distance,
-                    evidence,
-                    label_conflict=conflict,
-                    kept_too=not drop_all,
-                )
+                _duplicate(order[i], order[kept_in_its_place], match, label_conflict=conflict, kept_too=not drop_all)
             )
         if drop_all:
             twin = min(i for i in copies if order[i].label != order[root].label)
-            duplicates.append(Duplicate(order[root], order[twin], *how[twin][1:], label_conflict=True, kept_too=False))
+            duplicates.append(
+                _duplicate(order[root], order[twin], first_match[twin], label_conflict=True, kept_too=False)
+            )
             removed.add(root)
+    return duplicates, removed
 
+
+def _duplicate(removed: Record, kept: Record, match: Match, label_conflict: bool, kept_too: bool) -> Duplicate:
+    return Duplicate(
+        removed, kept, match.kind, match.distance, match.evidence, label_conflict=label_conflict, kept_too=kept_too
+    )
+
+
+def _merged_patients(order: list[Record], duplicates: list[Duplicate]) -> dict[str, str]:
+    """Old patient id -> the id it joins: a removed copy's patient becomes the kept image's (the two ids name one
+    person), merged in order of preference so the result does not depend on the order duplicates were found."""
     rank = {record: i for i, record in enumerate(order)}
     patients = _Patients()
     for dup in sorted(duplicates, key=lambda d: (rank[d.kept], rank[d.removed])):
         if dup.removed.patient_id != dup.kept.patient_id:
             patients.merge(dup.removed.patient_id, dup.kept.patient_id)
-    merged = {p: patients.root(p) for p in patients.parent}
-    kept = [
-        dataclasses.replace(r, patient_id=merged.get(r.patient_id, r.patient_id))
-        for i, r in enumerate(order)
-        if i not in removed
-    ]
-    found = [(order[i], order[j], kind, evidence) for i, j, kind, _, evidence in edges]
-    return DedupResult(kept=kept, duplicates=duplicates, merged_patients=merged, matches=found)
+    return {p: patients.root(p) for p in patients.parent}

@@ -52,10 +52,8 @@ from covidxray.manifest import (
     write_manifest,
 )
 from covidxray.records import Dropped, Record
-from covidxray.sources import build_source
-from covidxray.sources.archive import ExtractLimits
+from covidxray.sources import SourceContext, build_source
 from covidxray.sources.descriptors import dedup_priority
-from covidxray.sources.fetch import DescribedSource
 from covidxray.sources.layout import OUTSIDE, within
 from covidxray.sources.unmapped import override_hint
 
@@ -87,11 +85,8 @@ class Collected:
 def collect_records(config: DataConfig, task: Task, cache_dir: Path) -> Collected:
     collected = Collected()
     for name, options in config.sources.items():
-        source = build_source(name, options)
-        source.label_overrides = config.label_overrides
-        if isinstance(source, DescribedSource):  # the sources that unpack archives
-            source.extract_limits = ExtractLimits.of(config)
-        root = source.fetch(cache_dir / name)
+        source = build_source(name, options, SourceContext.of(config))
+        root, provenance = source.fetch(cache_dir / name)
         found = 0
         for item in source.records(root):
             if isinstance(item, Dropped):
@@ -105,7 +100,7 @@ def collect_records(config: DataConfig, task: Task, cache_dir: Path) -> Collecte
             else:
                 collected.records.append(item)
                 found += 1
-        collected.sources[name] = {"root": str(root), **getattr(source, "provenance", {}), "records_found": found}
+        collected.sources[name] = {"root": str(root), **provenance, "records_found": found}
     collected.records.sort(key=lambda r: (r.record_id, str(r.image)))
     return collected
 

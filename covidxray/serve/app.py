@@ -151,8 +151,15 @@ def create_app(
     app.request_class = InMemoryRequest
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keys in predict's order (DefaultJSONProvider)
     app.config["MAX_CONTENT_LENGTH"] = max_upload_bytes + MULTIPART_SLACK
-    started = time.monotonic()
-    card = pool.predictor.classifier.card
+    too_large = f"upload too large: at most {max_upload_bytes / 2**20:g} MiB per image (serve.max_upload_mb)"
+    guard(app, token, allowed_hosts, too_large, log)
+    add_page(app)
+    add_api(app, pool, model_name, max_upload_bytes, too_large)
+    return app
+
+
+def guard(app: Flask, token: str | None, allowed_hosts: set[str] | None, too_large: str, log: Callable[[str], None]):
+    """On every request: the access check first, the safety headers last; every error as one JSON problem."""
 
     @app.before_request
     def check_access():
@@ -163,8 +170,6 @@ def create_app(
         response.headers.update(SECURITY_HEADERS)
         return response
 
-    too_large = f"upload too large: at most {max_upload_bytes / 2**20:g} MiB per image (serve.max_upload_mb)"
-
     @app.errorhandler(HTTPException)
     def http_error(err: HTTPException):
         return problem(413, too_large) if err.code == 413 else problem(err.code or 400, err.description or err.name)
@@ -173,6 +178,10 @@ def create_app(
     def internal_error(err: Exception):
         log(f"internal error: {type(err).__name__}: {err}")
         return problem(500, f"internal error ({type(err).__name__}); the server log has the details")
+
+
+def add_page(app: Flask) -> None:
+    """The page's own fixed files."""
 
     @app.get("/")
     def index():
@@ -189,6 +198,12 @@ def create_app(
     @app.get("/favicon.ico")
     def favicon():
         return "", 204  # none; browsers ask for it anyway
+
+
+def add_api(app: Flask, pool: InferencePool, model_name: str, max_upload_bytes: int, too_large: str) -> None:
+    """GET /healthz (what is served, since when) and POST /predict."""
+    started = time.monotonic()
+    card = pool.predictor.classifier.card
 
     @app.get("/healthz")
     def healthz():
@@ -210,5 +225,3 @@ def create_app(
     @app.post("/predict")
     def predict():
         return predict_response(pool, max_upload_bytes, too_large)
-
-    return app

@@ -1,4 +1,4 @@
-"""Dataset adapters, found by name: `build_source("covid-chestxray", {...})`.
+"""Dataset adapters, found by name: `build_source("covid-chestxray", {...}, SourceContext.of(config))`.
 
 Importing this package registers every adapter module listed below.
 """
@@ -15,11 +15,12 @@ from covidxray.sources import (  # noqa: F401  (importing registers)
     kermany,
     synthetic,
 )
-from covidxray.sources.base import SOURCE_REGISTRY, Source, SourceOptions
+from covidxray.sources.base import SOURCE_REGISTRY, Fetched, Source, SourceContext, SourceOptions
 
-__all__ = ["SOURCE_REGISTRY", "Source", "SourceOptions", "build_source"]
+__all__ = ["SOURCE_REGISTRY", "Fetched", "Source", "SourceContext", "SourceOptions", "build_source"]
 
 
-def build_source(name: str, options: dict[str, Any] | None = None) -> Source:
+def build_source(name: str, options: dict[str, Any] | None = None, context: SourceContext | None = None) -> Source:
+    """The adapter registered as `name`, its options checked against its own `Options` (unknown keys refused)."""
     cls = SOURCE_REGISTRY.get(name)
-    return cls(from_dict(cls.Options, dict(options or {}), f"data.sources.{name}"))
+    return cls(from_dict(cls.Options, dict(options or {}), f"data.sources.{name}"), context)

@@ -20,10 +20,11 @@ from covidxray.errors import UserError
 from covidxray.files import sha256_file
 from covidxray.records import Dropped, Record
 from covidxray.sources import zhanglab
+from covidxray.sources.archive import Say
 from covidxray.sources.base import register_source
 from covidxray.sources.descriptors import Archive
-from covidxray.sources.download import say_stderr, verify_sha256
-from covidxray.sources.fetch import DescribedSource
+from covidxray.sources.download import verify_sha256
+from covidxray.sources.fetch import DescribedSource, DownloadOptions
 
 CREDENTIALS_HELP = (
     "put your Kaggle API token in ~/.kaggle/kaggle.json (chmod 600), or set KAGGLE_USERNAME and KAGGLE_KEY "
@@ -112,13 +113,13 @@ def kaggle_api(dataset: str):
     return api
 
 
-def kaggle_download(dataset: str, folder: Path, file_name: str, sha256: str | None) -> tuple[Path, str]:
+def kaggle_download(dataset: str, folder: Path, file_name: str, sha256: str | None, say: Say) -> tuple[Path, str]:
     """`<folder>/<slug>.zip` through the Kaggle API (which resumes partial downloads itself)."""
     path = folder / file_name
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         api = kaggle_api(dataset)
-        say_stderr(f"downloading {dataset} from Kaggle -> {path}")
+        say(f"downloading {dataset} from Kaggle -> {path}")
         try:
             api.dataset_download_files(dataset, path=str(folder), unzip=False, quiet=True)
         except Exception as err:  # network, HTTP and API errors from a third-party client
@@ -134,17 +135,19 @@ def kaggle_download(dataset: str, folder: Path, file_name: str, sha256: str | No
 
 
 @register_source
-class ChestXrayPneumoniaSource(DescribedSource):
+class ChestXrayPneumoniaSource(DescribedSource[DownloadOptions]):
     name = "chest-xray-pneumonia"
     archive_key = "kaggle"
 
     def download(self, archive: Archive, folder: Path) -> tuple[Path, str]:
         if self.options.url:  # a mirror over plain HTTP
             return super().download(archive, folder)
-        return kaggle_download(self.descriptor.kaggle_dataset, folder, archive.file, self.options.sha256 or None)
+        return kaggle_download(
+            self.descriptor.kaggle_dataset, folder, archive.file, self.options.sha256 or None, self.context.say
+        )
 
     def is_root(self, folder: Path) -> bool:
         return zhanglab.is_split_tree(folder, ("PNEUMONIA",))
 
     def records(self, root: Path) -> Iterator[Record | Dropped]:
-        return zhanglab.records(self.name, root, self.descriptor)
+        return zhanglab.records(self.record, root, self.descriptor)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from covidxray.records import Dropped, Record
 from covidxray.sources.base import register_source
-from covidxray.sources.fetch import DescribedSource
+from covidxray.sources.fetch import DescribedSource, DownloadOptions
 from covidxray.sources.layout import list_images, subdirs
 
 DATA_FOLDER = "X-Ray Image DataSet"
@@ -61,12 +61,17 @@ def known_patient(file_name: str) -> str | None:
     return f"{IEEE8023_SOURCE}:{patient}" if patient else None
 
 
-def patient_of(file_name: str) -> str:
-    return known_patient(file_name) or f"{CovidTaloSource.name}:case:{case_of(Path(file_name).stem)}"
+def patient_of(file_name: str) -> tuple[str, str]:
+    """(namespace, patient) of a talo image: ieee8023 copies keep covid-chestxray's patient, so that both copies of
+    one patient split together; NIH ids and case stems are talo's own (no other source here has NIH images)."""
+    known = known_patient(file_name)
+    if known and known.startswith(f"{IEEE8023_SOURCE}:"):
+        return IEEE8023_SOURCE, known.removeprefix(f"{IEEE8023_SOURCE}:")
+    return CovidTaloSource.name, known or f"case:{case_of(Path(file_name).stem)}"
 
 
 @register_source
-class CovidTaloSource(DescribedSource):
+class CovidTaloSource(DescribedSource[DownloadOptions]):
     name = "covid19-talo"
     archive_key = "github-master"
 
@@ -83,15 +88,5 @@ class CovidTaloSource(DescribedSource):
                 elif label is None:
                     yield Dropped(f"unknown class folder {class_dir.name!r}", str(item))
                 else:
-                    yield Record(
-                        image=item,
-                        label=label,
-                        patient_id=_namespaced(patient_of(item.name)),
-                        source=self.name,
-                        view="frontal",
-                    )
-
-
-def _namespaced(patient: str) -> str:
-    """NIH ids stay talo's own (no other source here has NIH images); ieee8023 ids keep covid-chestxray's namespace."""
-    return f"{CovidTaloSource.name}:{patient}" if patient.startswith("nih:") else patient
+                    namespace, patient = patient_of(item.name)
+                    yield self.record(item, label, patient, namespace=namespace, view="frontal")

@@ -16,12 +16,11 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from covidxray.config import setting
 from covidxray.errors import UserError
 from covidxray.records import VOLUME_SUFFIXES, Dropped, Record
-from covidxray.sources.base import SourceOptions, register_source
+from covidxray.sources.base import register_source
 from covidxray.sources.fetch import DescribedSource, DownloadOptions
 from covidxray.sources.layout import OUTSIDE, within
 from covidxray.sources.unmapped import unknown_finding
@@ -69,11 +68,10 @@ def read_metadata(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
 
 
 @register_source
-class CovidChestXraySource(DescribedSource):
+class CovidChestXraySource(DescribedSource[CovidChestXrayOptions]):
     name = "covid-chestxray"
     archive_key = "github-master"
-    Options: ClassVar[type[SourceOptions]] = CovidChestXrayOptions
-    options: CovidChestXrayOptions
+    Options = CovidChestXrayOptions
 
     def is_root(self, folder: Path) -> bool:
         return (folder / METADATA).is_file() and (folder / "images").is_dir()
@@ -117,10 +115,4 @@ class CovidChestXraySource(DescribedSource):
             return Dropped(OUTSIDE, where, f"folder {folder!r}, filename {filename!r}")
         if not os.path.isfile(image):  # unlike Path.is_file, False for a name too long to exist
             return Dropped("image file listed in metadata.csv is missing", where, str(image))
-        return Record(
-            image=image,
-            label=label,
-            patient_id=f"{self.name}:{row['patientid']}",
-            source=self.name,
-            view="unknown" if view in UNKNOWN_VIEWS else view,
-        )
+        return self.record(image, label, row["patientid"], view="unknown" if view in UNKNOWN_VIEWS else view)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -58,7 +59,7 @@ class Descriptor:
     kaggle_dataset: str = ""  # owner/slug when the collection is fetched through the Kaggle API
     overrides: dict[str, str] = field(default_factory=dict)  # normalised finding -> label, from data.label_overrides
 
-    def with_overrides(self, overrides: dict[str, str]) -> Descriptor:
+    def with_overrides(self, overrides: Mapping[str, str]) -> Descriptor:
         """This descriptor with the user's finding -> label mappings, which win over label_map and excluded."""
         return dataclasses.replace(self, overrides={normalise_finding(f): label for f, label in overrides.items()})
 

@@ -14,13 +14,13 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from covidxray.errors import UserError
-from covidxray.sources.archive import ExtractLimits, archive_stem, extract, is_extracted
-from covidxray.sources.base import Source, SourceOptions
+from covidxray.sources.archive import archive_stem, extract, is_extracted
+from covidxray.sources.base import Fetched, Source, SourceOptions
 from covidxray.sources.descriptors import Archive, Descriptor, load_descriptor
-from covidxray.sources.download import download, say_stderr, verify_sha256
+from covidxray.sources.download import download, verify_sha256
 from covidxray.sources.layout import find_root
 from covidxray.urls import redacted
 
@@ -34,29 +34,23 @@ class DownloadOptions(SourceOptions):
     sha256: str = ""
 
 
-class DescribedSource(Source):
+DownloadOptionsT = TypeVar("DownloadOptionsT", bound=DownloadOptions)
+
+
+class DescribedSource(Source[DownloadOptionsT]):
     """An adapter whose collection is described by `datasets/<name>.yaml`."""
 
     Options: ClassVar[type[SourceOptions]] = DownloadOptions
-    options: DownloadOptions  # each adapter narrows this to its own Options (built from that class, see Source)
     archive_key: ClassVar[str] = ""
-
-    def __init__(self, options: SourceOptions | None = None):
-        super().__init__(options)
-        self.provenance: dict = {}  # what prepare records about where the data came from
-        self.extract_limits = ExtractLimits.of()  # prepare sets the configured ones
 
     @property
     def descriptor(self) -> Descriptor:
         described = load_descriptor(self.name)
-        return described.with_overrides(self.label_overrides) if self.label_overrides else described
+        overrides = self.context.label_overrides
+        return described.with_overrides(overrides) if overrides else described
 
     def archive(self) -> Archive:
         return self.descriptor.archive(self.archive_key)
-
-    def is_root(self, folder: Path) -> bool:
-        """Whether `folder` is this collection's layout root."""
-        raise NotImplementedError
 
     def download(self, archive: Archive, folder: Path) -> tuple[Path, str]:
         """Put `archive` into `folder`; returns (path, sha256). Over HTTP unless an adapter knows better."""
@@ -66,15 +60,15 @@ class DescribedSource(Source):
                 f"no download URL is known for {archive.file} of {self.name} ({archive.note}). Download it from "
                 f"{self.descriptor.homepage} and pass it with --from, or set the source option url"
             )
-        return download(url, folder / archive.file, self.options.sha256 or archive.sha256)
+        return download(url, folder / archive.file, self.options.sha256 or archive.sha256, say=self.context.say)
 
-    def fetch(self, cache_dir: Path) -> Path:
+    def fetch(self, cache_dir: Path) -> Fetched:
         cache_dir = Path(cache_dir)
-        self.provenance = {"licence": self.descriptor.licence, "homepage": self.descriptor.homepage}
+        provenance: dict[str, str | None] = {"licence": self.descriptor.licence, "homepage": self.descriptor.homepage}
         tree = (
-            self._given(Path(self.options.from_path).expanduser(), cache_dir)
+            self._given(Path(self.options.from_path).expanduser(), cache_dir, provenance)
             if self.options.from_path
-            else self._downloaded(cache_dir)
+            else self._downloaded(cache_dir, provenance)
         )
         root = find_root(tree, self.is_root)
         if root is None:
@@ -83,25 +77,26 @@ class DescribedSource(Source):
                 f"{tree} does not hold the {self.name} layout (expected {layout}). Pass the collection's "
                 f"archive or its unpacked folder with --from; see datasets/{self.name}.yaml"
             )
-        self.provenance["root"] = str(root)
-        return root
+        return Fetched(root, provenance)
 
-    def _downloaded(self, cache_dir: Path) -> Path:
+    def _downloaded(self, cache_dir: Path, provenance: dict[str, str | None]) -> Path:
+        """The descriptor's archive, downloaded and unpacked once into the cache; its receipt joins `provenance`."""
         archive = self.archive()
         tree = cache_dir / "extracted" / archive_stem(archive.file)
         receipt = tree.with_name(tree.name + ".json")
         if not is_extracted(tree):
             path, digest = self.download(archive, cache_dir / "downloads")
-            extract(path, tree, say_stderr, limits=self.extract_limits)
+            extract(path, tree, self.context.say, limits=self.context.extract_limits)
             url = self.options.url or archive.url  # None for a Kaggle download
             receipt.write_text(json.dumps({"file": archive.file, "url": url and redacted(url), "sha256": digest}))
         if receipt.is_file():
-            self.provenance.update(json.loads(receipt.read_text()))
+            provenance.update(json.loads(receipt.read_text()))
         return tree
 
-    def _given(self, given: Path, cache_dir: Path) -> Path:
+    def _given(self, given: Path, cache_dir: Path, provenance: dict[str, str | None]) -> Path:
+        """The user's own folder, or their archive unpacked into the cache; where it came from joins `provenance`."""
         if given.is_dir():
-            self.provenance["from"] = str(given)
+            provenance["from"] = str(given)
             return given
         if not given.is_file():
             raise UserError(
@@ -114,9 +109,9 @@ class DescribedSource(Source):
         extract(
             given,
             tree,
-            say_stderr,
+            self.context.say,
             verify=(lambda path: verify_sha256(path, expected)) if expected else None,
-            limits=self.extract_limits,
+            limits=self.context.extract_limits,
         )
-        self.provenance.update({"from": str(given), **({"sha256": expected} if expected else {})})
+        provenance.update({"from": str(given), **({"sha256": expected} if expected else {})})
         return tree

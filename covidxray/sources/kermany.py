@@ -15,7 +15,7 @@ from pathlib import Path
 from covidxray.config import ConfigError
 from covidxray.records import Dropped, Record
 from covidxray.sources import zhanglab
-from covidxray.sources.base import SourceOptions, register_source
+from covidxray.sources.base import SourceContext, register_source
 from covidxray.sources.descriptors import Archive
 from covidxray.sources.fetch import DescribedSource, DownloadOptions
 
@@ -30,13 +30,12 @@ class KermanyOptions(DownloadOptions):
 
 
 @register_source
-class KermanySource(DescribedSource):
+class KermanySource(DescribedSource[KermanyOptions]):
     name = "kermany"
     Options = KermanyOptions
-    options: KermanyOptions
 
-    def __init__(self, options: SourceOptions | None = None):
-        super().__init__(options)
+    def __init__(self, options: KermanyOptions | None = None, context: SourceContext | None = None):
+        super().__init__(options, context)
         if self.options.part not in PARTS:
             raise ConfigError(f"data.sources.kermany.part: {self.options.part!r} is not one of {', '.join(PARTS)}")
         if self.options.version not in VERSIONS:
@@ -53,5 +52,5 @@ class KermanySource(DescribedSource):
     def records(self, root: Path) -> Iterator[Record | Dropped]:
         part = self.options.part
         return zhanglab.records(
-            self.name, root, self.descriptor, part=part, view="frontal" if part == "chest" else "oct"
+            self.record, root, self.descriptor, part=part, view="frontal" if part == "chest" else "oct"
         )

@@ -21,7 +21,7 @@ import numpy as np
 
 from covidxray.errors import UserError
 from covidxray.records import Dropped, Record
-from covidxray.sources.base import Source, SourceOptions, register_source
+from covidxray.sources.base import Fetched, Source, SourceOptions, register_source
 
 LABELS = ("normal", "pneumonia/bacterial", "pneumonia/viral", "covid-19")
 _INDEX = "labels.csv"
@@ -176,17 +176,24 @@ def generate(root: Path, options: SyntheticOptions) -> None:
 
 
 @register_source
-class SyntheticSource(Source):
+class SyntheticSource(Source[SyntheticOptions]):
     name = "synthetic"
     Options = SyntheticOptions
-    options: SyntheticOptions
 
-    def fetch(self, cache_dir: Path) -> Path:
-        if self.options.from_path:
-            root = Path(self.options.from_path)
-            if not (root / _INDEX).is_file():
-                raise UserError(f"{root} is not a synthetic data set (no {_INDEX}); drop from_path to generate one")
-            return root
+    def fetch(self, cache_dir: Path) -> Fetched:
+        root = self._given(Path(self.options.from_path)) if self.options.from_path else self._generated(cache_dir)
+        return Fetched(root, {})  # made here: no licence, archive or download to record
+
+    def is_root(self, folder: Path) -> bool:
+        return (folder / _INDEX).is_file()
+
+    def _given(self, root: Path) -> Path:
+        if not self.is_root(root):
+            raise UserError(f"{root} is not a synthetic data set (no {_INDEX}); drop from_path to generate one")
+        return root
+
+    def _generated(self, cache_dir: Path) -> Path:
+        """The phantom set of these options, generated once into the cache (its folder is named by them)."""
         params = {k: v for k, v in asdict(self.options).items() if k != "from_path"}
         root = Path(cache_dir) / ("synthetic-" + "-".join(f"{k}{v}" for k, v in params.items()))
         if not (root / _DONE).is_file():
@@ -196,10 +203,4 @@ class SyntheticSource(Source):
     def records(self, root: Path) -> Iterator[Record | Dropped]:
         with open(root / _INDEX, newline="") as handle:
             for row in csv.DictReader(handle):
-                yield Record(
-                    image=root / "images" / row["file"],
-                    label=row["label"],
-                    patient_id=f"{self.name}:{row['patient']}",
-                    source=self.name,
-                    view=row["view"],
-                )
+                yield self.record(root / "images" / row["file"], row["label"], row["patient"], view=row["view"])

@@ -31,7 +31,7 @@ Evidence from the full Kaggle listing (5856 files, checked 2026-12-03):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from covidxray.records import Dropped, Record
@@ -75,9 +75,12 @@ def is_split_tree(folder: Path, classes: tuple[str, ...]) -> bool:
 
 
 def records(
-    source: str, root: Path, descriptor: Descriptor, part: str = "", view: str = "frontal"
+    record: Callable[..., Record], root: Path, descriptor: Descriptor, part: str = "", view: str = "frontal"
 ) -> Iterator[Record | Dropped]:
-    """Walk `root/<split>/<CLASS>/`; `part` ('chest', 'oct' or '') prefixes label keys and patient ids."""
+    """Walk `root/<split>/<CLASS>/`; `part` ('chest', 'oct' or '') prefixes label keys and patient ids.
+
+    `record` is the adapter's `Source.record`, which stamps its source and namespaces the patient.
+    """
     prefix = f"{part}/" if part else ""
     for item in list_images(root):
         yield item if isinstance(item, Dropped) else Dropped("image outside a split/class folder", str(item))
@@ -111,7 +114,4 @@ def records(
                 if label is None:  # a token the map cannot place under its known folder (e.g. a comma list)
                     yield Dropped("unknown finding", str(item), finding)
                     continue
-                patient_id = f"{source}:{prefix.replace('/', ':')}{patient}"
-                yield Record(
-                    image=item, label=label, patient_id=patient_id, source=source, view=view, original_split=split
-                )
+                yield record(item, label, f"{prefix.replace('/', ':')}{patient}", view=view, original_split=split)

@@ -14,7 +14,8 @@ collection an image came from instead of the disease (see docs/datasets.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -56,12 +57,12 @@ BATCH = 64
 def predict_split(
     model, data_dir: Path, split: str, image_size: int, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    from covidxray.train.input import make_dataset, predict_batches
+    from covidxray.train.input import InputSpec, make_dataset, predict_batches
 
     paths = shard_paths(data_dir, split)
     if not paths:
         return np.zeros((0, num_classes), np.float32), np.zeros(0, np.int64)
-    return predict_batches(model, make_dataset(paths, image_size, num_classes, BATCH)[0], num_classes)
+    return predict_batches(model, make_dataset(paths, InputSpec(image_size, num_classes, BATCH))[0], num_classes)
 
 
 def choose_thresholds(labels: np.ndarray, probabilities: np.ndarray) -> list[float | None]:
@@ -222,47 +223,24 @@ def evaluate(
     run_dir, data_dir = Path(config.train.run_dir), Path(config.data.data_dir)
     model_path = run_dir / MODEL_FILE
     card = read_model_card(run_dir)
-    manifest, same_data = check_model_matches(card, data_dir)
-    if not manifest["splits"]["test"]["records"]:
-        raise UserError(f"{data_dir}: the test split is empty")
-    require_intact_shards(data_dir, manifest, ("val", "test"))
-    external.check_all(card, run_dir, data_dir, same_data, externals)
-
+    manifest, same_data = checked_data(card, run_dir, data_dir, externals)
     model = load_keras_model(model_path)
     names, size = card["labels"], int(card["image_size"])
     val_probs, val_labels = predict_split(model, data_dir, "val", size, len(names))
     test_probs, test_labels = predict_split(model, data_dir, "test", size, len(names))
-    test_sources, source_labels = split_sources(data_dir, "test")
-    if not np.array_equal(source_labels, test_labels):
-        raise AssertionError("the test records' sources are not in the order the predictions were made")
+    # Thresholds from val only: the test split is measured, never used for a decision.
     thresholds = choose_thresholds(val_labels, val_probs)
-    report = classification_report(test_labels, test_probs, names, thresholds)
-    report.update(
-        {
-            "calibration": calibration_report(test_labels, test_probs),
-            "per_source": per_source_report(
-                test_labels,
-                test_probs,
-                test_sources,
-                manifest,
-                lambda labels, probabilities: classification_report(labels, probabilities, names, thresholds),
-            ),
-            "split": "test",
-            "thresholds": {
-                "chosen_on": "val",
-                "rule": "Youden J (sensitivity + specificity - 1), one vs rest",
-                "val_images": int(val_labels.size),
-                "per_class": dict(zip(names, thresholds)),
-            },
-            "model": {
-                "file": str(model_path),
-                "architecture": card.get("model"),
-                "best_epoch": card.get("best", {}).get("epoch"),
-            },
-            "data_dir": str(data_dir),
-            "data_is_training_data": same_data,
-        }
-    )
+    judge = partial(classification_report, class_names=names, thresholds=thresholds)
+    report = {
+        **judge(test_labels, test_probs),
+        "calibration": calibration_report(test_labels, test_probs),
+        "per_source": per_source_on_test(data_dir, manifest, test_labels, test_probs, judge),
+        "split": "test",
+        "thresholds": thresholds_entry(names, thresholds, val_labels),
+        "model": model_entry(model_path, card),
+        "data_dir": str(data_dir),
+        "data_is_training_data": same_data,
+    }
     report["external"] = [
         external.external_report(
             model,
@@ -271,40 +249,89 @@ def evaluate(
             manifest,
             Path(external_dir),
             config.data,
-            lambda labels, probabilities: classification_report(labels, probabilities, names, thresholds),
+            judge,
             run_dir / external_copies_name(index),
             progress,
             say,
         )
         for index, external_dir in enumerate(externals)
     ]
+    write_evaluation(run_dir, report, test_labels, test_probs)
+    for line in summary_lines(report, run_dir):
+        say(line)
+    return report
+
+
+def checked_data(
+    card: dict, run_dir: Path, data_dir: Path, externals: list[str] | tuple[str, ...]
+) -> tuple[dict, bool]:
+    """(manifest, whether it is the training data) of a data set this model can be evaluated on, refused before any
+    prediction if it cannot: another task or size, an empty test split, damaged shards, a bad external set."""
+    manifest, same_data = check_model_matches(card, data_dir)
+    if not manifest["splits"]["test"]["records"]:
+        raise UserError(f"{data_dir}: the test split is empty")
+    require_intact_shards(data_dir, manifest, ("val", "test"))
+    external.check_all(card, run_dir, data_dir, same_data, externals)
+    return manifest, same_data
+
+
+def per_source_on_test(
+    data_dir: Path,
+    manifest: dict,
+    test_labels: np.ndarray,
+    test_probs: np.ndarray,
+    judge: Callable[[np.ndarray, np.ndarray], dict],
+) -> dict:
+    """The test metrics of each source's images (a class recognised only across sources may be the source)."""
+    test_sources, source_labels = split_sources(data_dir, "test")
+    if not np.array_equal(source_labels, test_labels):
+        raise AssertionError("the test records' sources are not in the order the predictions were made")
+    return per_source_report(test_labels, test_probs, test_sources, manifest, judge)
+
+
+def thresholds_entry(names: list[str], thresholds: list[float | None], val_labels: np.ndarray) -> dict:
+    return {
+        "chosen_on": "val",
+        "rule": "Youden J (sensitivity + specificity - 1), one vs rest",
+        "val_images": int(val_labels.size),
+        "per_class": dict(zip(names, thresholds)),
+    }
+
+
+def model_entry(model_path: Path, card: dict) -> dict:
+    return {
+        "file": str(model_path),
+        "architecture": card.get("model"),
+        "best_epoch": card.get("best", {}).get("epoch"),
+    }
+
+
+def write_evaluation(run_dir: Path, report: dict, test_labels: np.ndarray, test_probs: np.ndarray) -> None:
+    """The report, the test predictions `covidxray report` picks examples from, and the three plots."""
     write_json(run_dir / EVALUATION, report)
     save_test_predictions(run_dir / TEST_PREDICTIONS, test_labels, test_probs)
     plot_roc(run_dir / ROC_PLOT, test_labels, test_probs, report)
     plot_confusion(run_dir / CONFUSION_PLOT, report)
     plot_reliability(run_dir / RELIABILITY_PLOT, report["calibration"])
 
-    say(
-        f"test: {report['images']} images, accuracy {report['accuracy']:.3f}, macro ROC AUC {_fmt(report['macro_roc_auc'])}"
-    )
+
+def summary_lines(report: dict, run_dir: Path) -> Iterator[str]:
+    """What evaluate says when done: the test figures, per class, calibration, per source, external sets, files."""
+    yield f"test: {report['images']} images, accuracy {report['accuracy']:.3f}, macro ROC AUC {_fmt(report['macro_roc_auc'])}"
     for name, entry in report["per_class"].items():
         point = entry["operating_point"] or {}
-        say(
+        yield (
             f"  {name:12s} AUC {_fmt(entry['roc_auc'])}  at val threshold {_fmt(point.get('threshold'))}: "
             f"sensitivity {_fmt(point.get('sensitivity'))} specificity {_fmt(point.get('specificity'))} PPV {_fmt(point.get('ppv'))}"
         )
     calibration = report["calibration"]
-    say(
-        f"  calibration: ECE {calibration['ece']:.3f} (top class, {calibration['bins']} equal-width bins), classwise ECE {calibration['classwise_ece']:.3f}"
-    )
-    say("per source (a class recognised only across sources may be the source, not the disease):")
+    yield f"  calibration: ECE {calibration['ece']:.3f} (top class, {calibration['bins']} equal-width bins), classwise ECE {calibration['classwise_ece']:.3f}"
+    yield "per source (a class recognised only across sources may be the source, not the disease):"
     for source, entry in report["per_source"].items():
-        say(describe_source(source, entry))
+        yield describe_source(source, entry)
     for entry in report["external"]:
-        for line in external.describe(entry, describe_source):
-            say(line)
-    say(f"wrote {EVALUATION}, {TEST_PREDICTIONS}, {ROC_PLOT}, {CONFUSION_PLOT}, {RELIABILITY_PLOT} to {run_dir}")
-    return report
+        yield from external.describe(entry, describe_source)
+    yield f"wrote {EVALUATION}, {TEST_PREDICTIONS}, {ROC_PLOT}, {CONFUSION_PLOT}, {RELIABILITY_PLOT} to {run_dir}"
 
 
 def describe_source(source: str, entry: dict) -> str:

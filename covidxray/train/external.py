@@ -165,28 +165,42 @@ def find_copies(
     training = [(split, r) for split, r in _split_table(training_dir) if split in TRAINING_SPLITS]
     # prefixed ids: dedup never takes an external image for a follow-up of a training patient
     external = [replace(r, patient_id=EXTERNAL_PATIENT + r.patient_id) for _, r in _split_table(external_dir)]
-    original_patient = {r: r.patient_id[len(EXTERNAL_PATIENT) :] for r in external}
     progress(0, len(training) + len(external))
     step = lambda done, total=None: progress(done)  # noqa: E731 - one bar over both data sets
     trained = _signatures(training_dir, training_manifest, [r for _, r in training], config, step, log)
-    unreadable = [r for _, r in training if not trained[str(r.image)].ok]
+    _refuse_unreadable(training_dir, [r for _, r in training], trained)
+    seen = _signatures(external_dir, external_manifest, external, config, step, log)
+    checked = [r for r in external if seen[str(r.image)].ok]
+    settings = training_manifest.get("data_config", {})
+    copies = _image_copies(training, checked, {**trained, **seen}, settings, config)
+    _add_patient_copies(copies, training, checked)
+    found = [
+        replace(c, external=_original(c.external)) for c in sorted(copies.values(), key=lambda c: str(c.external.image))
+    ]
+    return found, [_original(r) for r in external if not seen[str(r.image)].ok]
+
+
+def _refuse_unreadable(training_dir: Path, training: list[Record], decoded: dict) -> None:
+    """UserError when a training image cannot be decoded: the check could then miss copies of it."""
+    unreadable = [r for r in training if not decoded[str(r.image)].ok]
     if unreadable:
         raise UserError(
             f"{len(unreadable)} training image(s) of {training_dir} cannot be read for the copy check, e.g. "
-            f"{unreadable[0].image}: {trained[str(unreadable[0].image)].detail}. The check compares the original files "
+            f"{unreadable[0].image}: {decoded[str(unreadable[0].image)].detail}. The check compares the original files "
             "prepare read (its decode cache is keyed by their content): restore them, or the external figure could "
             "count copies of training images"
         )
-    seen = _signatures(external_dir, external_manifest, external, config, step, log)
-    unchecked = [r for r in external if not seen[str(r.image)].ok]
-    checked = [r for r in external if seen[str(r.image)].ok]
-    decoded = {**trained, **seen}
+
+
+def _image_copies(
+    training: list[tuple[str, Record]], checked: list[Record], decoded: dict, settings: dict, config: DataConfig
+) -> dict[Record, Copy]:
+    """External images that copy a training image (dedup's matches between the two sets, at the thresholds that
+    prepared the training data), each with the first training image it matched."""
     everything = [r for _, r in training] + checked
     split_of = {r: split for split, r in training}
-    training_set = set(split_of)
     hashes = {str(r.image): (decoded[str(r.image)].pixel_sha256, decoded[str(r.image)].phash) for r in everything}
     features = {str(r.image): decoded[str(r.image)].features for r in everything}
-    settings = training_manifest.get("data_config", {})
     edges = dedup.matches(
         everything,
         hashes,
@@ -197,22 +211,28 @@ def find_copies(
     copies: dict[Record, Copy] = {}
     for i, j, kind, _, evidence in edges:
         first, second = everything[i], everything[j]
-        if (first in training_set) == (second in training_set):
+        if (first in split_of) == (second in split_of):
             continue  # two training images, or two external ones: prepare's business, not leakage
-        outside, inside = (second, first) if first in training_set else (first, second)
+        outside, inside = (second, first) if first in split_of else (first, second)
         copies.setdefault(outside, Copy(kind, evidence, outside, inside, split_of[inside]))
-    training_patients = {r.patient_id: r for _, r in reversed(training)}
+    return copies
+
+
+def _add_patient_copies(copies: dict[Record, Copy], training: list[tuple[str, Record]], checked: list[Record]) -> None:
+    """Into `copies`: the external images not already copies that show a patient the training data holds."""
+    split_of = {r: split for split, r in training}
+    training_patients = {r.patient_id: r for _, r in reversed(training)}  # each patient's first training image
     for record in checked:
-        twin = training_patients.get(original_patient[record])
+        twin = training_patients.get(_original(record).patient_id)
         if twin is not None and record not in copies:
             copies[record] = Copy(
                 "patient", f"patient {twin.patient_id} is in the training data", record, twin, split_of[twin]
             )
-    restore = {r: replace(r, patient_id=original_patient[r]) for r in external}
-    found = [
-        replace(c, external=restore[c.external]) for c in sorted(copies.values(), key=lambda c: str(c.external.image))
-    ]
-    return found, [restore[r] for r in unchecked]
+
+
+def _original(external: Record) -> Record:
+    """An external record with its own patient id again (without the EXTERNAL_PATIENT prefix)."""
+    return replace(external, patient_id=external.patient_id[len(EXTERNAL_PATIENT) :])
 
 
 def write_copies(path: Path, copies: list[Copy]) -> None:
@@ -274,13 +294,7 @@ def external_report(
     copies, unchecked = find_copies(training_dir, external_dir, config, progress, log)
     write_copies(copies_path, copies)
     dropped = {c.external.record_id for c in copies} | {r.record_id for r in unchecked}
-    probabilities, labels, sources, skipped = predict_records(model, external_dir, dropped)
-    if skipped != len(dropped):
-        raise AssertionError(f"{len(dropped)} external images to drop, but {skipped} of them found in the shards")
-    if not labels.size:
-        raise UserError(
-            f"external data {external_dir}: every image is a copy of a training image; nothing left to score"
-        )
+    probabilities, labels, sources = _scored(model, external_dir, dropped)
     names = card["labels"]
     in_train = training_manifest["splits"]["train"]["sources"]
     entry = report(labels, probabilities)
@@ -292,19 +306,8 @@ def external_report(
                 + manifest["splits"]["val"]["records"]
                 + manifest["splits"]["test"]["records"]
             ),
-            "classes": {name: int((labels == c).sum()) for c, name in enumerate(names)},
-            # external images of a class the model never trained on: no recipe can recognise them
-            "untrained_classes": {
-                name: int((labels == c).sum())
-                for c, name in enumerate(names)
-                if (labels == c).any() and not training_manifest["splits"]["train"]["classes"].get(name)
-            },
-            "dropped_as_copies": len(copies),
-            "dropped_by_kind": dict(sorted(Counter(c.kind for c in copies).items())),
-            "dropped_unchecked": len(unchecked),
-            "copies_table": copies_path.name,
-            "copies": [dict(zip(COPY_COLUMNS, c.row())) for c in copies],
-            "dropped_record_ids": sorted(dropped),  # as in the shards: what a re-scoring must leave out
+            **_class_counts(labels, names, training_manifest),
+            **_dropped_entry(copies, unchecked, dropped, copies_path),
             "ece": expected_calibration_error(labels, probabilities),
             "per_source": per_source_report(
                 labels,
@@ -317,6 +320,41 @@ def external_report(
         }
     )
     return entry
+
+
+def _scored(model, external_dir: Path, dropped: set[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(probabilities, labels, sources) of the external images not `dropped`; refused when none is left."""
+    probabilities, labels, sources, skipped = predict_records(model, external_dir, dropped)
+    if skipped != len(dropped):
+        raise AssertionError(f"{len(dropped)} external images to drop, but {skipped} of them found in the shards")
+    if not labels.size:
+        raise UserError(
+            f"external data {external_dir}: every image is a copy of a training image; nothing left to score"
+        )
+    return probabilities, labels, sources
+
+
+def _class_counts(labels: np.ndarray, names: list[str], training_manifest: dict) -> dict:
+    return {
+        "classes": {name: int((labels == c).sum()) for c, name in enumerate(names)},
+        # external images of a class the model never trained on: no recipe can recognise them
+        "untrained_classes": {
+            name: int((labels == c).sum())
+            for c, name in enumerate(names)
+            if (labels == c).any() and not training_manifest["splits"]["train"]["classes"].get(name)
+        },
+    }
+
+
+def _dropped_entry(copies: list[Copy], unchecked: list[Record], dropped: set[str], copies_path: Path) -> dict:
+    return {
+        "dropped_as_copies": len(copies),
+        "dropped_by_kind": dict(sorted(Counter(c.kind for c in copies).items())),
+        "dropped_unchecked": len(unchecked),
+        "copies_table": copies_path.name,
+        "copies": [dict(zip(COPY_COLUMNS, c.row())) for c in copies],
+        "dropped_record_ids": sorted(dropped),  # as in the shards: what a re-scoring must leave out
+    }
 
 
 def _fmt(value: float | None) -> str:

@@ -17,13 +17,17 @@ size^2 x 4 bytes, e.g. 45 MB at 224 px, batch 32, 4 threads.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
 from covidxray.data.tfrecord import FEATURES, parse_example
+
+if TYPE_CHECKING:
+    from covidxray.config import TrainConfig
 
 PREFETCH_BATCHES = 2
 
@@ -108,73 +112,106 @@ def _augment_fn(strength: float, degrade: float = 0.0):
     return augment
 
 
-def make_dataset(
-    paths: list[Path],
-    image_size: int,
-    num_classes: int,
-    batch_size: int,
-    rank: int = 0,
-    size: int = 1,
-    training: bool = False,
-    augment: bool = False,
-    augment_strength: float = 1.0,
-    shuffle_buffer: int = 512,
-    seed: int = 0,
-    threads: int = 0,
-    degrade: float = 0.0,
-    by_source: SourceAware | None = None,
-) -> tuple[tf.data.Dataset, RankShards]:
-    """Batches of (float32 gray 0..255 [size, size, 1], one-hot label) for this rank.
+@dataclass(frozen=True)
+class InputSpec:
+    """How one split is read into batches: what the model takes, this rank's share, and the training stream.
 
-    Training: endless, shuffled, optionally augmented. Otherwise: one ordered
-    pass (rank 0 of 1 reads the whole split). `threads` (0: TF decides) caps
-    the decode parallelism and tf.data's thread pool for this rank. `by_source`
-    (training only): each source's records in a stream of their own, the
-    streams drawn in proportion to the sources' shares, so every batch holds
-    every source in proportion (the shards are ordered by source), with a sample
-    weight per (source, class); and/or the source index as a second input,
-    x = {"image", "source"} (covidxray/train/source_balance.py).
+    `threads` (0: TF decides) caps the decode parallelism and tf.data's thread pool for this rank. Training
+    (`training`): endless, shuffled (`shuffle_buffer` encoded records, `seed`), optionally augmented (`augment`,
+    `augment_strength`, `degrade`: see _augmenter). `by_source` (training only): each
+    source's records in a stream of their own, the streams drawn in proportion to the sources' shares, so every
+    batch holds every source in proportion (the shards are ordered by source), with a sample weight per (source,
+    class); and/or the source index as a second input, x = {"image", "source"} (covidxray/train/source_balance.py).
     """
-    shards = assign_shards(paths, rank, size)
-    records = rank_records(shards, rank, size, training, seed)
-    if training and by_source is not None and by_source.shares is not None:
-        streams = [
-            rank_records(shards, rank, size, training, seed)
-            .filter(lambda serialized, name=name: _source_of(serialized) == name)
-            .repeat()
-            .shuffle(shuffle_buffer, seed=seed + rank + index)
-            for index, name in enumerate(by_source.sources)
-        ]
-        records = tf.data.Dataset.sample_from_datasets(streams, weights=list(by_source.shares), seed=seed + rank)
-    elif training:
-        records = records.repeat().shuffle(shuffle_buffer, seed=seed + rank)
-    parallel = threads or tf.data.AUTOTUNE
-    if by_source is not None:
-        ds = records.map(_source_parser(image_size, by_source), num_parallel_calls=parallel, deterministic=not training)
-    else:
-        ds = records.map(
-            lambda s: parse_example(s, image_size), num_parallel_calls=parallel, deterministic=not training
-        )
-    if training and augment:
-        augment_fn = _augment_fn(augment_strength, degrade)
 
-        def apply(image, label, *rest):
-            out = tf.numpy_function(augment_fn, [image], tf.float32, stateful=True)
-            return (tf.ensure_shape(out, [image_size, image_size, 1]), label, *rest)
+    image_size: int
+    num_classes: int
+    batch_size: int
+    rank: int = 0
+    size: int = 1
+    threads: int = 0
+    training: bool = False
+    augment: bool = False
+    augment_strength: float = 1.0
+    degrade: float = 0.0
+    shuffle_buffer: int = 512
+    seed: int = 0
+    by_source: SourceAware | None = None
 
-        ds = ds.map(apply, num_parallel_calls=parallel, deterministic=False)
-    if by_source is not None:
-        ds = ds.map(
-            lambda image, label, source: by_source.example(image, tf.one_hot(label, num_classes), label, source)
+    def training_stream(self, train: TrainConfig) -> InputSpec:
+        """This reading as the training stream of `train`: endless, shuffled and augmented as it says."""
+        return replace(
+            self,
+            training=True,
+            augment=train.augment,
+            augment_strength=train.augment_strength,
+            shuffle_buffer=train.shuffle_buffer,
+            seed=train.seed,
+            degrade=train.degrade,
         )
-    else:
-        ds = ds.map(lambda image, label: (image, tf.one_hot(label, num_classes)))
-    ds = ds.batch(batch_size).prefetch(PREFETCH_BATCHES)
-    if threads:
+
+
+def make_dataset(paths: list[Path], spec: InputSpec) -> tuple[tf.data.Dataset, RankShards]:
+    """Batches of (float32 gray 0..255 [size, size, 1], one-hot label) of this rank's share of `paths`.
+
+    Training: endless, shuffled, optionally augmented. Otherwise: one ordered pass (rank 0 of 1 reads the whole
+    split).
+    """
+    shards = assign_shards(paths, spec.rank, spec.size)
+    parallel = spec.threads or tf.data.AUTOTUNE
+    ds = _stream(shards, spec).map(_parser(spec), num_parallel_calls=parallel, deterministic=not spec.training)
+    if spec.training and spec.augment:
+        ds = ds.map(_augmentation(spec), num_parallel_calls=parallel, deterministic=False)
+    ds = ds.map(_labelled(spec)).batch(spec.batch_size).prefetch(PREFETCH_BATCHES)
+    if spec.threads:
         options = tf.data.Options()
-        options.threading.private_threadpool_size = threads
+        options.threading.private_threadpool_size = spec.threads
         ds = ds.with_options(options)
     return ds, shards
+
+
+def _stream(shards: RankShards, spec: InputSpec) -> tf.data.Dataset:
+    """This rank's serialized examples: one ordered pass, or (training) an endless shuffled stream, drawn from
+    one stream per source in proportion to their shares when `by_source` has them."""
+    rank, size, seed = spec.rank, spec.size, spec.seed
+    by_source = spec.by_source
+    if spec.training and by_source is not None and by_source.shares is not None:
+        streams = [
+            rank_records(shards, rank, size, spec.training, seed)
+            .filter(lambda serialized, name=name: _source_of(serialized) == name)
+            .repeat()
+            .shuffle(spec.shuffle_buffer, seed=seed + rank + index)
+            for index, name in enumerate(by_source.sources)
+        ]
+        return tf.data.Dataset.sample_from_datasets(streams, weights=list(by_source.shares), seed=seed + rank)
+    records = rank_records(shards, rank, size, spec.training, seed)
+    return records.repeat().shuffle(spec.shuffle_buffer, seed=seed + rank) if spec.training else records
+
+
+def _parser(spec: InputSpec):
+    """Serialized example -> (image, label), or with `by_source` (image, label, source index)."""
+    if spec.by_source is not None:
+        return _source_parser(spec.image_size, spec.by_source)
+    return lambda serialized: parse_example(serialized, spec.image_size)
+
+
+def _augmentation(spec: InputSpec):
+    """(image, label, ...) -> the same with the image augmented (albumentations, in a numpy function)."""
+    augment_fn = _augment_fn(spec.augment_strength, spec.degrade)
+
+    def apply(image, label, *rest):
+        out = tf.numpy_function(augment_fn, [image], tf.float32, stateful=True)
+        return (tf.ensure_shape(out, [spec.image_size, spec.image_size, 1]), label, *rest)
+
+    return apply
+
+
+def _labelled(spec: InputSpec):
+    """(image, label[, source]) -> what `fit` takes: (x, one-hot label[, sample weight]) (source_balance.py)."""
+    by_source = spec.by_source
+    if by_source is not None:
+        return lambda image, label, source: by_source.example(image, tf.one_hot(label, spec.num_classes), label, source)
+    return lambda image, label: (image, tf.one_hot(label, spec.num_classes))
 
 
 def _source_of(serialized: tf.Tensor) -> tf.Tensor:

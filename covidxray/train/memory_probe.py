@@ -40,13 +40,11 @@ def peak_rss_mb() -> float:
 
 
 def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
-    import tensorflow as tf
-
     from covidxray.config import load_config
-    from covidxray.manifest import load_manifest, shard_paths
+    from covidxray.manifest import load_manifest
     from covidxray.train.distributed import HorovodTuning, configure_threads, standalone_gradient_averager
     from covidxray.train.finetune import hold_fixed
-    from covidxray.train.input import make_dataset
+    from covidxray.train.input import InputSpec, make_dataset
     from covidxray.train.models import build_model
 
     cfg = load_config(config_path).train
@@ -55,27 +53,42 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     tuning = HorovodTuning(cfg.gradient_compression, cfg.fusion_buffer_mb, cfg.cycle_time_ms)
     configure_threads(1)
     average = standalone_gradient_averager(tuning)
-
     model = build_model(cfg.model, image_size, len(labels), cfg.weights)
     hold_fixed(model, cfg)
-    optimizer = tf.keras.optimizers.Adam(cfg.learning_rate)
-    loss_fn = tf.keras.losses.CategoricalCrossentropy()
-    shards = [
-        path for path in shard_paths(data_dir, "train") if path.is_file()
-    ]  # a board may hold only its ranks' shards
-    if not shards:
+
+    every_split = InputSpec(image_size, len(labels), cfg.batch_size)
+    train_shards = present_shards(data_dir, "train")
+    if not train_shards:
         raise SystemExit(f"no train shard of {data_dir / 'manifest.json'} on this board")
-    dataset, _ = make_dataset(
-        shards,
-        image_size=image_size,
-        num_classes=len(labels),
-        batch_size=cfg.batch_size,
-        training=True,
-        augment=cfg.augment,
-        augment_strength=cfg.augment_strength,
-        shuffle_buffer=cfg.shuffle_buffer,
-        seed=cfg.seed,
-    )
+    training = every_split.training_stream(cfg)
+    train_steps(model, cfg.learning_rate, average, make_dataset(train_shards, training)[0].take(steps))
+    # each epoch ends with predictions on the val split (a second graph)
+    validation, _ = make_dataset(present_shards(data_dir, "val") or train_shards, every_split)
+    for images, _ in validation.take(steps):
+        model.predict_on_batch(images)
+    return {
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "model": cfg.model,
+        "image_size": image_size,
+        "batch_size": cfg.batch_size,
+        "steps": steps,
+        "horovod": tuning.record() if average is not None else None,
+    }
+
+
+def present_shards(data_dir: Path, split: str) -> list[Path]:
+    """The shards of `split` on this board: a board may hold only its ranks' shards."""
+    from covidxray.manifest import shard_paths
+
+    return [path for path in shard_paths(data_dir, split) if path.is_file()]
+
+
+def train_steps(model, learning_rate: float, average, batches) -> None:
+    """A training step per batch as a rank takes it: Adam, and the gradients averaged when Horovod is there."""
+    import tensorflow as tf
+
+    optimizer = tf.keras.optimizers.Adam(learning_rate)
+    loss_fn = tf.keras.losses.CategoricalCrossentropy()
 
     @tf.function
     def step(images, one_hot):
@@ -87,24 +100,8 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
 
-    for images, one_hot in dataset.take(steps):
+    for images, one_hot in batches:
         step(images, one_hot)
-    validation, _ = make_dataset(
-        [path for path in shard_paths(data_dir, "val") if path.is_file()] or shards,
-        image_size=image_size,
-        num_classes=len(labels),
-        batch_size=cfg.batch_size,
-    )
-    for images, _ in validation.take(steps):  # each epoch ends with predictions on the val split (a second graph)
-        model.predict_on_batch(images)
-    return {
-        "peak_rss_mb": round(peak_rss_mb(), 1),
-        "model": cfg.model,
-        "image_size": image_size,
-        "batch_size": cfg.batch_size,
-        "steps": steps,
-        "horovod": tuning.record() if average is not None else None,
-    }
 
 
 def main() -> None:

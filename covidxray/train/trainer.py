@@ -24,7 +24,6 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +51,7 @@ from covidxray.train import source_adversary
 from covidxray.train.batchnorm import batches_per_rank, recompute_statistics
 from covidxray.train.distributed import HorovodTuning, World, check_launch_mode, init_world
 from covidxray.train.finetune import hold_fixed
-from covidxray.train.input import make_dataset, predict_batches
+from covidxray.train.input import InputSpec, make_dataset, predict_batches
 from covidxray.train.metrics import confusion_matrix, cross_entropy, macro_auc
 from covidxray.train.models import build_model
 from covidxray.train.run_guard import check_before_training
@@ -355,8 +354,7 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
     def attempt(state) -> dict:
         """One `fit` with the current world; elastic jobs call it again after a membership change."""
         steps_per_epoch = max(1, train_records // (cfg.batch_size * world.size))
-        read_split = partial(  # the reading every split shares; each call adds its own
-            make_dataset,
+        every_split = InputSpec(  # the reading every split shares; each split adds its own
             image_size=image_size,
             num_classes=len(labels),
             batch_size=cfg.batch_size,
@@ -364,17 +362,11 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
             size=world.size,
             threads=world.cores_per_rank,
         )
-        train_ds, my_shards = read_split(
+        train_ds, my_shards = make_dataset(
             shard_paths(data_dir, "train"),
-            training=True,
-            augment=cfg.augment,
-            augment_strength=cfg.augment_strength,
-            shuffle_buffer=cfg.shuffle_buffer,
-            seed=cfg.seed,
-            degrade=cfg.degrade,
-            by_source=by_source,
+            replace(every_split.training_stream(cfg), by_source=by_source),
         )
-        val_ds, _ = read_split(shard_paths(data_dir, "val"))
+        val_ds, _ = make_dataset(shard_paths(data_dir, "val"), every_split)
         scaled_lr = cfg.learning_rate * world.size  # the peak; LearningRateSchedule sets every step's LR
         ranks = world.allgather_object(
             {
@@ -393,11 +385,9 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
         }
         recalibration = None
         if cfg.bn_recalibration_images:
-            calibration_ds, _ = read_split(
+            calibration_ds, _ = make_dataset(
                 shard_paths(data_dir, "train"),
-                training=True,
-                shuffle_buffer=cfg.shuffle_buffer,
-                seed=cfg.seed + 1,
+                replace(every_split, training=True, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed + 1),
             )
             recalibration = calibration_ds, batches_per_rank(cfg.bn_recalibration_images, cfg.batch_size, world.size)
             if cfg.freeze_batchnorm:  # measured once, before the first epoch, then fixed
