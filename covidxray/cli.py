@@ -506,7 +506,7 @@ def serve(
             from covidxray.serve.server import serve as do_serve
         except ImportError as err:
             raise UserError(
-                f"serve needs Flask and waitress ({err}): install covidxray's `serve` extra, or pip install flask==3.1.3 waitress==3.0.2"
+                f"serve needs Flask and waitress ({err}): install covidxray's `serve` extra, which pins both (scripts/install.sh installs it)"
             ) from None
         do_serve(
             resolve_model(model, fmt), cfg, host, port, token, keep, lambda text: console.print(escape(text)), warn
