@@ -38,7 +38,7 @@ from covidxray.export.class_maps import served_model
 from covidxray.export.formats import FORMATS, check_formats
 from covidxray.export.keras_file import load_keras_model
 from covidxray.files import atomic_path, sha256_file, signals_held
-from covidxray.manifest import check_model_matches, manifest_sha256, require_intact_shards, shard_paths
+from covidxray.manifest import PreparedData, check_model_matches, open_prepared, require_intact_shards
 from covidxray.run_folder import (
     CONVERTER_LOG,
     EXPORT_REPORT,
@@ -53,27 +53,29 @@ from covidxray.run_folder import (
 SPLITS_READ = ("train", "val", "test")  # train: OOD and layout fits, int8 calibration; val: thresholds; test: parity
 
 
-def iter_split(data_dir: Path, split: str) -> Iterator[tuple[np.ndarray, int]]:
-    for record in read_records(shard_paths(data_dir, split)):
+def iter_split(data: PreparedData, split: str) -> Iterator[tuple[np.ndarray, int]]:
+    for record in read_records(data.shards(split)):
         yield record["image"].astype(np.float32), record["label"]
 
 
-def load_split(data_dir: Path, split: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def load_split(data: PreparedData, split: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     images, labels = [], []
-    for image, label in itertools.islice(iter_split(data_dir, split), limit):
+    for image, label in itertools.islice(iter_split(data, split), limit):
         images.append(image)
         labels.append(label)
     if not images:
         raise UserError(
-            f"{data_dir}: the {split} split is empty; export needs it (test for parity, train for int8 calibration)"
+            f"{data.path}: the {split} split is empty; export needs it (test for parity, train for int8 calibration)"
         )
     return np.stack(images), np.array(labels)
 
 
-def _run_split(classifier: TFLiteClassifier, data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _run_split(
+    classifier: TFLiteClassifier, data: PreparedData, split: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The model's own (uncalibrated) probabilities, embeddings and labels over a split, one image at a time."""
     probabilities, embeddings, labels = [], [], []
-    for image, label in iter_split(data_dir, split):
+    for image, label in iter_split(data, split):
         probs, embedding = classifier.infer(image)
         probabilities.append(probs)
         embeddings.append(embedding)
@@ -81,30 +83,30 @@ def _run_split(classifier: TFLiteClassifier, data_dir: Path, split: str) -> tupl
     return np.array(probabilities), np.array(embeddings), np.array(labels, dtype=np.int64)
 
 
-def fit_calibration_and_ood(classifier: TFLiteClassifier, data_dir: Path, margin: float) -> dict:
+def fit_calibration_and_ood(classifier: TFLiteClassifier, data: PreparedData, margin: float) -> dict:
     """Sidecar entries `temperature` (fitted on val) and `ood` (train statistics, threshold on val)."""
-    val_probs, val_embeddings, val_labels = _run_split(classifier, data_dir, "val")
+    val_probs, val_embeddings, val_labels = _run_split(classifier, data, "val")
     if not len(val_labels):
         raise UserError(
-            f"{data_dir}: the val split is empty; export fits the temperature and the out-of-distribution threshold on it (prepare with data.val_fraction > 0)"
+            f"{data.path}: the val split is empty; export fits the temperature and the out-of-distribution threshold on it (prepare with data.val_fraction > 0)"
         )
-    _, train_embeddings, train_labels = _run_split(classifier, data_dir, "train")
+    _, train_embeddings, train_labels = _run_split(classifier, data, "train")
     return {
         "temperature": calibration_summary(val_probs, val_labels, classifier.probability_floor),
         "ood": ood.fit_with_threshold(train_embeddings, train_labels, val_embeddings, len(classifier.labels), margin),
     }
 
 
-def fit_pixel_checks(data_dir: Path, manifest: dict, margin: float) -> dict:
+def fit_pixel_checks(data: PreparedData, margin: float) -> dict:
     """Sidecar entries `layout` (covidxray/edge/chest_layout.py: fitted on the train split's model inputs, threshold
     on val) and `orientation` (covidxray/edge/orientation.py: on at most orientation.MAX_FILMS train films, spread
     over the split). Pixels only, so one fit serves every format."""
-    train = (image for image, _ in iter_split(data_dir, "train"))  # streamed: the split never sits in memory whole
-    val = (image for image, _ in iter_split(data_dir, "val"))
+    train = (image for image, _ in iter_split(data, "train"))  # streamed: the split never sits in memory whole
+    val = (image for image, _ in iter_split(data, "val"))
     layout = chest_layout.fit_with_threshold(train, val, margin)
-    step = -(-manifest["splits"]["train"]["records"] // orientation.MAX_FILMS)
-    films = (image for i, (image, _) in enumerate(iter_split(data_dir, "train")) if i % step == 0)
-    val = (image for image, _ in iter_split(data_dir, "val"))
+    step = -(-data.manifest.splits["train"].records // orientation.MAX_FILMS)
+    films = (image for i, (image, _) in enumerate(iter_split(data, "train")) if i % step == 0)
+    val = (image for image, _ in iter_split(data, "val"))
     return {"layout": layout, "orientation": orientation.fit_entry(films, val)}
 
 
@@ -143,18 +145,19 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     run_dir, data_dir = Path(config.train.run_dir), Path(config.data.data_dir)
     model_path = run_dir / MODEL_FILE
     card = read_model_card(run_dir)
-    manifest, same_data = check_model_matches(card, data_dir)
-    require_intact_shards(data_dir, manifest, SPLITS_READ)
+    data = open_prepared(data_dir)  # the one reading of the manifest: every step below uses `data`
+    same_data = check_model_matches(card, data)
+    require_intact_shards(data, SPLITS_READ)
     if not same_data:
         say(
-            f"[yellow]warning[/]: {data_dir} is not the exact data set the model was trained on (manifest hash differs); its test split may overlap training images"
+            f"[yellow]warning[/]: {data_dir} is not the exact data set the model was trained on (its data set id differs from the model card's); its test split may overlap training images"
         )
     keras_sha256 = sha256_file(model_path)  # before loading: the sidecar names the very bytes that were converted
     model = load_keras_model(model_path, keras_sha256, "the file just hashed (it changed during export)")
-    test_images, test_labels = load_split(data_dir, "test")
+    test_images, test_labels = load_split(data, "test")
     keras_pred = model.predict(test_images, batch_size=64, verbose=0).argmax(1)
     representative = (
-        load_split(data_dir, "train", config.export.representative_samples)[0]
+        load_split(data, "train", config.export.representative_samples)[0]
         if any(FORMATS.get(f).needs_representative for f in formats)
         else None
     )
@@ -172,8 +175,8 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         },
         "saved_model": SAVED_MODEL_DIR,
         "test_images": len(test_labels),
-        "data_manifest_sha256": manifest_sha256(data_dir),
-        "training_manifest_sha256": card.get("manifest_sha256"),
+        "dataset_id": data.dataset_id,
+        "data_is_training_data": same_data,
         "int8_min_agreement": config.export.int8_min_agreement,
     }
     pixel_checks = None
@@ -181,20 +184,20 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         with native_stderr_to(log):
             flatbuffer = convert(saved_model, fmt, representative)
         out = run_dir / tflite_name(fmt)
-        sidecar = {**card, "format": fmt, "keras_model": MODEL_FILE, "keras_sha256": keras_sha256}
+        sidecar = {**card.sidecar_entries(), "format": fmt, "keras_model": MODEL_FILE, "keras_sha256": keras_sha256}
         sidecar.update(
             fit_calibration_and_ood(
-                TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar), data_dir, config.export.ood_margin
+                TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar), data, config.export.ood_margin
             )
         )
         # after the val split was checked (fit_calibration_and_ood)
-        pixel_checks = pixel_checks or fit_pixel_checks(data_dir, manifest, config.export.layout_margin)
+        pixel_checks = pixel_checks or fit_pixel_checks(data, config.export.layout_margin)
         sidecar.update(pixel_checks)
         sidecar[source_profile.SIDECAR_KEY] = source_profile.sidecar_entry(
-            TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar), data_dir, config.export.source_margin
+            TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar), data, config.export.source_margin
         )
         classifier = TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar)  # calibrated, as predict will run it
-        lite_probs, test_embeddings, _ = _run_split(classifier, data_dir, "test")
+        lite_probs, test_embeddings, _ = _run_split(classifier, data, "test")
         lite_pred = classifier.calibrated(lite_probs).argmax(1)
         ood, layout_fit, orientation_fit = classifier.gates()
         entry = {
@@ -222,7 +225,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         entry["bytes"] = len(flatbuffer)
         if fmt == "int8":
             entry["meets_bar"] = entry["agreement"] >= config.export.int8_min_agreement
-            entry["c_array"] = [p.name for p in write_c_array(out, card["labels"], int(card["image_size"]))]
+            entry["c_array"] = [p.name for p in write_c_array(out, card.labels, card.image_size)]
         report[fmt] = entry
         if sidecar["temperature"]["at_search_bound"]:
             say(

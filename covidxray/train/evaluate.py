@@ -23,7 +23,7 @@ from covidxray.config import Config
 from covidxray.errors import UserError
 from covidxray.export.keras_file import load_keras_model
 from covidxray.files import atomic_open, atomic_path
-from covidxray.manifest import check_model_matches, require_intact_shards, shard_paths
+from covidxray.manifest import PreparedData, check_model_matches, open_prepared, require_intact_shards
 from covidxray.run_folder import (
     EVALUATION,
     MODEL_FILE,
@@ -54,11 +54,11 @@ BATCH = 64
 
 
 def predict_split(
-    model, data_dir: Path, split: str, image_size: int, num_classes: int
+    model, data: PreparedData, split: str, image_size: int, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray]:
     from covidxray.train.input import make_dataset, predict_batches
 
-    paths = shard_paths(data_dir, split)
+    paths = data.shards(split)
     if not paths:
         return np.zeros((0, num_classes), np.float32), np.zeros(0, np.int64)
     return predict_batches(model, make_dataset(paths, image_size, num_classes, BATCH)[0], num_classes)
@@ -222,17 +222,18 @@ def evaluate(
     run_dir, data_dir = Path(config.train.run_dir), Path(config.data.data_dir)
     model_path = run_dir / MODEL_FILE
     card = read_model_card(run_dir)
-    manifest, same_data = check_model_matches(card, data_dir)
-    if not manifest["splits"]["test"]["records"]:
+    data = open_prepared(data_dir)
+    same_data, manifest = check_model_matches(card, data), data.manifest
+    if not manifest.splits["test"].records:
         raise UserError(f"{data_dir}: the test split is empty")
-    require_intact_shards(data_dir, manifest, ("val", "test"))
-    external.check_all(card, run_dir, data_dir, same_data, externals)
+    require_intact_shards(data, ("val", "test"))
+    external.check_all(card, run_dir, data, same_data, externals)
 
     model = load_keras_model(model_path)
-    names, size = card["labels"], int(card["image_size"])
-    val_probs, val_labels = predict_split(model, data_dir, "val", size, len(names))
-    test_probs, test_labels = predict_split(model, data_dir, "test", size, len(names))
-    test_sources, source_labels = split_sources(data_dir, "test")
+    names, size = card.labels, card.image_size
+    val_probs, val_labels = predict_split(model, data, "val", size, len(names))
+    test_probs, test_labels = predict_split(model, data, "test", size, len(names))
+    test_sources, source_labels = split_sources(data, "test")
     if not np.array_equal(source_labels, test_labels):
         raise AssertionError("the test records' sources are not in the order the predictions were made")
     thresholds = choose_thresholds(val_labels, val_probs)
@@ -256,8 +257,8 @@ def evaluate(
             },
             "model": {
                 "file": str(model_path),
-                "architecture": card.get("model"),
-                "best_epoch": card.get("best", {}).get("epoch"),
+                "architecture": card.model,
+                "best_epoch": card.best.get("epoch"),
             },
             "data_dir": str(data_dir),
             "data_is_training_data": same_data,

@@ -43,15 +43,15 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     import tensorflow as tf
 
     from covidxray.config import load_config
-    from covidxray.manifest import load_manifest, shard_paths
+    from covidxray.manifest import open_prepared
     from covidxray.train.distributed import HorovodTuning, configure_threads, standalone_gradient_averager
     from covidxray.train.finetune import hold_fixed
     from covidxray.train.input import make_dataset
     from covidxray.train.models import build_model
 
     cfg = load_config(config_path).train
-    manifest = load_manifest(data_dir)
-    labels, image_size = manifest["labels"], int(manifest["image_size"])
+    data = open_prepared(data_dir)
+    labels, image_size = data.manifest.labels, data.manifest.image_size
     tuning = HorovodTuning(cfg.gradient_compression, cfg.fusion_buffer_mb, cfg.cycle_time_ms)
     configure_threads(1)
     average = standalone_gradient_averager(tuning)
@@ -60,9 +60,7 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     hold_fixed(model, cfg)
     optimizer = tf.keras.optimizers.Adam(cfg.learning_rate)
     loss_fn = tf.keras.losses.CategoricalCrossentropy()
-    shards = [
-        path for path in shard_paths(data_dir, "train") if path.is_file()
-    ]  # a board may hold only its ranks' shards
+    shards = [path for path in data.shards("train") if path.is_file()]  # a board may hold only its ranks' shards
     if not shards:
         raise SystemExit(f"no train shard of {data_dir / 'manifest.json'} on this board")
     dataset, _ = make_dataset(
@@ -90,7 +88,7 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     for images, one_hot in dataset.take(steps):
         step(images, one_hot)
     validation, _ = make_dataset(
-        [path for path in shard_paths(data_dir, "val") if path.is_file()] or shards,
+        [path for path in data.shards("val") if path.is_file()] or shards,
         image_size=image_size,
         num_classes=len(labels),
         batch_size=cfg.batch_size,
