@@ -103,8 +103,9 @@ class Manifest:
     seconds: float = 0.0
     checksum: dict[str, Any] = field(default_factory=dict)
 
-    def split_records(self, split: str) -> int:
-        return self.splits[split].records
+    def to_json(self) -> dict[str, Any]:
+        """As plain JSON data: for a manifest prepare wrote, exactly the content of manifest.json."""
+        return dataclasses.asdict(self)
 
     @property
     def composition_warnings(self) -> list[str]:

@@ -253,9 +253,10 @@ def test_evaluate_sees_what_keras_sees_on_the_test_split(evaluated_run, syntheti
     import tensorflow as tf
 
     from covidxray.export.tflite import load_split
+    from covidxray.manifest import open_prepared
 
     run_dir, _ = evaluated_run
-    images, labels = load_split(synthetic_data, "test")
+    images, labels = load_split(open_prepared(synthetic_data), "test")
     predicted = (
         tf.keras.models.load_model(str(run_dir / "model.keras"), compile=False).predict(images, verbose=0).argmax(1)
     )

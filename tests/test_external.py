@@ -134,14 +134,14 @@ def test_external_metrics_equal_sklearn_on_the_images_left(external_run):
     import tensorflow as tf
 
     from covidxray.data.tfrecord import read_records
-    from covidxray.manifest import shard_paths
+    from covidxray.manifest import open_prepared
 
     run_dir, external_dir, _ = external_run
     (external,) = json.loads((run_dir / "evaluation.json").read_text())["external"]
     records = [
         r
         for split in ("train", "val", "test")
-        for r in read_records(shard_paths(external_dir, split))
+        for r in read_records(open_prepared(external_dir).shards(split))
         if not any(f":{name}:" in r["record_id"] for name in PLANTED)
     ]
     labels = np.array([r["label"] for r in records])

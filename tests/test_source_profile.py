@@ -79,7 +79,7 @@ def test_the_sidecar_entry_round_trips_and_damage_is_named(two_sources):
 @pytest.mark.slow
 def test_predict_warns_beside_the_answer_never_instead_of_it(exported_run, synthetic_data, tmp_path):
     from covidxray.data.tfrecord import read_records
-    from covidxray.manifest import shard_paths
+    from covidxray.manifest import open_prepared
 
     run_dir = tmp_path / "run"
     shutil.copytree(exported_run, run_dir, ignore=shutil.ignore_patterns("checkpoints", "saved_model"))
@@ -89,7 +89,7 @@ def test_predict_warns_beside_the_answer_never_instead_of_it(exported_run, synth
     import cv2
 
     image = tmp_path / "film.png"
-    cv2.imwrite(str(image), next(iter(read_records(shard_paths(synthetic_data, "test"))))["image"])
+    cv2.imwrite(str(image), next(iter(read_records(open_prepared(synthetic_data).shards("test"))))["image"])
 
     def predict():
         result = run_cli("predict", str(image), "--model", str(run_dir), "--json")
