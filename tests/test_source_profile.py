@@ -12,6 +12,7 @@ from sklearn.covariance import LedoitWolf
 
 from covidxray.edge.source_profile import SourceProfile, from_card
 from covidxray.export.source_profile import fit
+from covidxray.sidecar import Sidecar
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +68,11 @@ def test_the_sidecar_entry_round_trips_and_damage_is_named(two_sources):
     (train, train_sources), (val, val_sources), _, _ = two_sources
     profile = fit(train, train_sources, val, val_sources, margin=1.0)
     entry = json.loads(json.dumps(profile.to_sidecar({"margin": 1.0})))
-    again = from_card({"source_profile": entry})
+    again = from_card(Sidecar(labels=["a", "b"], image_size=64, source_profile=entry))
     np.testing.assert_allclose(again.ratios(val), profile.ratios(val), rtol=1e-5)  # float32 in the sidecar
-    assert from_card({}) is None
+    assert from_card(Sidecar(labels=["a", "b"], image_size=64)) is None
     with pytest.raises(ValueError, match="source-profile section is damaged"):
-        from_card({"source_profile": {**entry, "limits": [1.0]}})
+        from_card(Sidecar(labels=["a", "b"], image_size=64, source_profile={**entry, "limits": [1.0]}))
     with pytest.raises(ValueError, match=r"limits \[0.0, 1.0\]"):  # a zero limit would divide by zero
         SourceProfile.from_sidecar({**entry, "limits": [0.0, 1.0]})
 

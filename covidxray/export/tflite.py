@@ -49,6 +49,7 @@ from covidxray.run_folder import (
     tflite_name,
     write_json,
 )
+from covidxray.sidecar import SIDECAR_VERSION
 
 SPLITS_READ = ("train", "val", "test")  # train: OOD and layout fits, int8 calibration; val: thresholds; test: parity
 
@@ -184,7 +185,13 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         with native_stderr_to(log):
             flatbuffer = convert(saved_model, fmt, representative)
         out = run_dir / tflite_name(fmt)
-        sidecar = {**card.sidecar_entries(), "format": fmt, "keras_model": MODEL_FILE, "keras_sha256": keras_sha256}
+        sidecar = {
+            **card.sidecar_entries(),
+            "version": SIDECAR_VERSION,
+            "format": fmt,
+            "keras_model": MODEL_FILE,
+            "keras_sha256": keras_sha256,
+        }
         sidecar.update(
             fit_calibration_and_ood(
                 TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar), data, config.export.ood_margin
@@ -193,20 +200,25 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         # after the val split was checked (fit_calibration_and_ood)
         pixel_checks = pixel_checks or fit_pixel_checks(data, config.export.layout_margin)
         sidecar.update(pixel_checks)
-        sidecar[source_profile.SIDECAR_KEY] = source_profile.sidecar_entry(
-            TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar), data, config.export.source_margin
+        sidecar.update(
+            {
+                source_profile.SIDECAR_KEY: source_profile.sidecar_entry(
+                    TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar), data, config.export.source_margin
+                )
+            }
         )
         classifier = TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar)  # calibrated, as predict will run it
         lite_probs, test_embeddings, _ = _run_split(classifier, data, "test")
         lite_pred = classifier.calibrated(lite_probs).argmax(1)
         ood, layout_fit, orientation_fit = classifier.gates()
+        temperature = classifier.card.temperature
         entry = {
             "file": out.name,
             "agreement": float((lite_pred == keras_pred).mean()),
             "accuracy": float((lite_pred == test_labels).mean()),
-            "temperature": sidecar["temperature"]["value"],
-            "val_ece_before_after": [sidecar["temperature"]["ece_before"], sidecar["temperature"]["ece_after"]],
-            "ood_threshold": sidecar["ood"]["threshold"],
+            "temperature": classifier.temperature,
+            "val_ece_before_after": [temperature["ece_before"], temperature["ece_after"]],
+            "ood_threshold": ood.threshold,
             "test_over_ood_threshold": float((ood.distances(test_embeddings) > ood.threshold).mean()),
             "layout_threshold": pixel_checks["layout"]["threshold"],
             "test_over_layout_threshold": float((layout_fit.scores(test_images) > layout_fit.threshold).mean()),
@@ -215,10 +227,8 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             ),
         }
         entry["accuracy_delta"] = entry["accuracy"] - report["keras"]["accuracy"]
-        sidecar["parity"] = {
-            "test_images": len(test_labels),
-            **{k: entry[k] for k in ("agreement", "accuracy", "accuracy_delta")},
-        }
+        parity = {k: entry[k] for k in ("agreement", "accuracy", "accuracy_delta")}
+        sidecar.update({"parity": {"test_images": len(test_labels), **parity}})
         flatbuffer, sidecar = bind(flatbuffer, sidecar)
         write_model_pair(out, flatbuffer, sidecar)
         TFLiteClassifier(out)  # read back as predict reads it: the pair on disk is whole, bound and usable
@@ -227,7 +237,7 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             entry["meets_bar"] = entry["agreement"] >= config.export.int8_min_agreement
             entry["c_array"] = [p.name for p in write_c_array(out, card.labels, card.image_size)]
         report[fmt] = entry
-        if sidecar["temperature"]["at_search_bound"]:
+        if temperature["at_search_bound"]:
             say(
                 f"warning: {fmt}: the temperature stopped at its search limit {entry['temperature']:.3g}: the val split "
                 "gives no finite optimum (the model separates it perfectly?), so predict's probabilities are as sharp "
