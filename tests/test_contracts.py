@@ -17,6 +17,7 @@ CONTRACTS = [
     "covidxray.files",
     "covidxray.registry",
     "covidxray.strict",
+    "covidxray.sidecar",
 ]
 EDGE_FORBIDDEN = ["tensorflow", "keras", "tf_keras", "horovod"]
 HEAVY = ["tensorflow", "cv2", "sqlite3", "multiprocessing", "horovod", "covidxray.sources"]

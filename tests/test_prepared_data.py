@@ -150,3 +150,32 @@ def test_a_run_recorded_before_dataset_id_still_resumes(synthetic_data, tmp_path
     (run_dir / RUN_INPUTS).write_text(json.dumps({**old, "data_sha256": "0" * 64}))
     with pytest.raises(UserError, match=r"different data set"):
         check_before_training(World(), config, open_prepared(synthetic_data), {}, True, False, print)
+
+
+def a_sidecar() -> dict:
+    return {"labels": ["normal", "pneumonia"], "image_size": 64, "temperature": {"value": 1.5}, "format": "float32"}
+
+
+def test_the_sidecar_loader_is_strict_and_versioned():
+    from covidxray.sidecar import SidecarError, read_sidecar
+
+    loaded = read_sidecar(a_sidecar(), ("labels", "image_size"))
+    assert (loaded.labels, loaded.image_size, loaded.temperature_value, loaded.version) == (
+        ["normal", "pneumonia"],
+        64,
+        1.5,
+        1,  # exported before the field existed: version 1
+    )
+    assert loaded.ood is None and loaded.harmonise == "none"
+    refusals = {
+        "version": ({**a_sidecar(), "version": 2}, "is of version 2, written by another version of covidxray"),
+        "missing gate": (a_sidecar(), r"lacks ood, layout, orientation \(without it a check of the input gate"),
+        "labels": ({**a_sidecar(), "labels": ["a", "a"]}, "labels must be a list of distinct names"),
+        "temperature": ({**a_sidecar(), "temperature": {"value": float("nan")}}, "positive value"),
+        "type": ({**a_sidecar(), "keras_sha256": ["x"]}, r"is damaged \(sidecar.keras_sha256: expected text"),
+        "unknown": ({**a_sidecar(), "thresholds": {}}, r"is damaged \(sidecar: unknown key\(s\) thresholds"),
+    }
+    for name, (content, words) in refusals.items():
+        required = ("labels", "image_size", "temperature", "ood", "layout", "orientation")
+        with pytest.raises(SidecarError, match=words):
+            read_sidecar(content, required if name == "missing gate" else ("labels", "image_size"))

@@ -87,7 +87,7 @@ def _tree_records(root: Path) -> list[Record]:
     splits = subdirs(root)
     if len(splits) < 2:
         raise UserError(
-            f"{root}: neither a prepared data set (no splits.csv) nor a tree with one split per top-level folder (found {len(splits)} folder(s))"
+            f"{root}: neither a prepared data set (no {SPLIT_TABLE}) nor a tree with one split per top-level folder (found {len(splits)} folder(s))"
         )
 
     def refuse(err: OSError) -> None:  # os.walk would skip an unreadable folder without a word
@@ -118,7 +118,7 @@ def _prepared_records(data_dir: Path) -> tuple[list[Record], dict[tuple[str, str
             reader = csv.DictReader(handle)
             missing = [c for c in SPLIT_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
-                raise UserError(f"{table} has no column(s) {', '.join(missing)}; it is not a splits.csv prepare wrote")
+                raise UserError(f"{table} has no column(s) {', '.join(missing)}; it is not a {SPLIT_TABLE} prepare wrote")
             for row in reader:
                 if any(row.get(c) is None for c in SPLIT_COLUMNS):
                     raise UserError(f"{table} line {reader.line_num}: fewer fields than the header names")
