@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from covidxray.errors import UserError
 from covidxray.files import atomic_write, json_sha256, sha256_file
-from covidxray.strict import ConfigError, from_dict, setting
+from covidxray.strict import ConfigError, foreign_version, from_dict, setting
 
 if TYPE_CHECKING:
     from covidxray.run_folder import ModelCard
@@ -139,8 +139,8 @@ def _parse(content: Any, path: Path) -> Manifest:
         raise UserError(f"{path} is not a covidxray manifest (no shard list); {_RERUN}")
     # A file without the version field was written by a covidxray from before it was added, in this same layout:
     # version 1. Its checksum (below) still proves it is prepare's own, unedited.
-    version = content.get("format", FORMAT)
-    if version != FORMAT:
+    version = foreign_version(content, "format", FORMAT)
+    if version is not None:
         raise UserError(
             f"{path} is a data set of format {version!r}, written by another version of covidxray; this one reads "
             f"{FORMAT!r}: use the covidxray that prepared it, or {_RERUN}"

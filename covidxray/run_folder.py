@@ -24,7 +24,7 @@ from typing import Any
 
 from covidxray.errors import UserError
 from covidxray.files import atomic_write
-from covidxray.strict import ConfigError, from_dict, setting
+from covidxray.strict import ConfigError, foreign_version, from_dict, setting
 
 MODEL_FILE = "model.keras"
 MODEL_CARD = "model.json"
@@ -138,9 +138,10 @@ def read_model_card(run_dir: Path) -> ModelCard:
     if not isinstance(content, dict):
         detail = content if isinstance(content, str) else f"a JSON {type(content).__name__}, not an object"
         raise UserError(f"{card_path} is damaged ({detail}): train again into {run_dir}, or restore the file")
-    if content.get("version", CARD_VERSION) != CARD_VERSION:
+    version = foreign_version(content, "version", CARD_VERSION)
+    if version is not None:
         raise UserError(
-            f"{card_path} is a model card of version {content['version']!r}, written by another version of covidxray; "
+            f"{card_path} is a model card of version {version!r}, written by another version of covidxray; "
             f"this one reads version {CARD_VERSION}: use the covidxray that trained it, or train again into {run_dir}"
         )
     try:

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from covidxray.strict import ConfigError, from_dict
+from covidxray.strict import ConfigError, foreign_version, from_dict
 
 SIDECAR_VERSION = 1  # the sidecar's layout: a reader refuses any other
 GATE_KEYS = ("ood", "layout", "orientation")  # the input gate's fits (covidxray/edge/predict.py)
@@ -59,8 +59,8 @@ def read_sidecar(content: object, required: tuple[str, ...] = REQUIRED_KEYS) -> 
     """The Sidecar in `content` (the sidecar file's JSON); SidecarError naming what makes it unusable."""
     if not isinstance(content, dict):
         raise SidecarError(f"holds a JSON {type(content).__name__}, not an object")
-    version = content.get("version", SIDECAR_VERSION)
-    if version != SIDECAR_VERSION:
+    version = foreign_version(content, "version", SIDECAR_VERSION)
+    if version is not None:
         raise SidecarError(
             f"is of version {version!r}, written by another version of covidxray (this one reads version "
             f"{SIDECAR_VERSION}): predict with the covidxray that exported it"

@@ -129,3 +129,10 @@ def from_dict(cls: type, values: dict[str, Any], where: str = "config") -> Any:
 
 def _has_no_default(spec: dataclasses.Field) -> bool:
     return spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+
+
+def foreign_version(content: dict, key: str, current: Any) -> Any | None:
+    """The version a file's `content` declares under `key` when it is another than `current`, else None. A file
+    without the field was written before it existed, in the first layout, which is each reader's `current` one."""
+    declared = content.get(key, current)
+    return None if declared == current else declared

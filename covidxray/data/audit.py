@@ -118,7 +118,9 @@ def _prepared_records(data_dir: Path) -> tuple[list[Record], dict[tuple[str, str
             reader = csv.DictReader(handle)
             missing = [c for c in SPLIT_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
-                raise UserError(f"{table} has no column(s) {', '.join(missing)}; it is not a {SPLIT_TABLE} prepare wrote")
+                raise UserError(
+                    f"{table} has no column(s) {', '.join(missing)}; it is not a {SPLIT_TABLE} prepare wrote"
+                )
             for row in reader:
                 if any(row.get(c) is None for c in SPLIT_COLUMNS):
                     raise UserError(f"{table} line {reader.line_num}: fewer fields than the header names")
