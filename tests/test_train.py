@@ -16,6 +16,7 @@ from conftest import covidxray_cmd, run_cli
 from test_tensorboard import assert_board_matches_log
 
 from covidxray.manifest import open_prepared
+from covidxray.run_folder import ModelCard
 from covidxray.train.input import assign_shards, rank_records
 
 
@@ -125,7 +126,7 @@ def test_each_epoch_end_checkpoints_the_best_and_early_stopping_state_it_decided
         header={"steps_per_epoch": 1},
         images_per_epoch=16,
         checkpoint=checkpoint,
-        card={"model": "two-feature"},
+        card=ModelCard(labels=["a", "b"], image_size=64, model="two-feature"),
         say=said.append,
     )
     end_of_epoch.set_model(model)
