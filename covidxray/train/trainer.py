@@ -26,16 +26,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from covidxray.config import Config, DataConfig
+from covidxray.config import Config, DataConfig, TrainConfig
 from covidxray.data.labels import get_task, require_every_class
 from covidxray.edge.preprocess import PREPROCESSING_VERSION
 from covidxray.errors import UserError
 from covidxray.files import PARTIAL
-from covidxray.manifest import MANIFEST, PreparedData, open_prepared
+from covidxray.manifest import MANIFEST, Manifest, PreparedData, open_prepared
 from covidxray.run_folder import (
     CHECKPOINTS,
     CONFIG_FILE,
@@ -327,6 +328,51 @@ def effective_data_settings(configured: DataConfig, data: PreparedData, say: Cal
     return effective
 
 
+def _compiled_model(cfg: TrainConfig, manifest: Manifest, world: World) -> tuple[tf.keras.Model, Any, Any]:
+    """(the model to fit, with a source adversary head if configured, compiled; its distributed optimizer, built;
+    what the training stream must know of sources, or None)."""
+    tf.keras.utils.set_random_seed(cfg.seed)
+    model = build_model(cfg.model, manifest.image_size, len(manifest.labels), cfg.weights)
+    hold_fixed(model, cfg)
+    steps = max(1, manifest.splits["train"].records // (cfg.batch_size * world.size)) * cfg.epochs
+    model = source_adversary.wrap(model, len(train_sources(manifest)), cfg.source_adversary, steps)  # or the model
+    by_source = source_aware(cfg, manifest, source_input=model is not source_adversary.inference_model(model))
+    optimizer = world.distributed_optimizer(tf.keras.optimizers.Adam(cfg.learning_rate))
+    loss = tf.keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing)
+    model.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
+    optimizer.build(model.trainable_variables)
+    return model, optimizer, by_source
+
+
+def _starting_state(
+    run_dir: Path, checkpoint: tf.train.Checkpoint, world: World, resume: bool, say: Callable[[str], None]
+) -> TrainingState:
+    """Rank 0's state to start from (resumed from the last checkpoint, or fresh), its run folder made ready; it
+    reaches every rank when World.run syncs the state."""
+    training = TrainingState()
+    if world.is_root:
+        _prepare_run_dir(run_dir, resume, say)
+        if resume:
+            restored = _restore(run_dir, checkpoint)
+            say(f"resuming after epoch {restored.epoch}" if restored else "no checkpoint found: starting from epoch 0")
+            training = restored or training
+    return training
+
+
+def _model_card(architecture: str, data: PreparedData) -> ModelCard:
+    """The card of a model trained on `data`: the prepared set's effective settings, whatever the config said."""
+    manifest = data.manifest
+    return ModelCard(
+        labels=manifest.labels,
+        image_size=manifest.image_size,
+        task=manifest.task,
+        model=architecture,
+        preprocessing=PREPROCESSING_VERSION,
+        harmonise=manifest.harmonise,
+        dataset_id=data.dataset_id,
+    )
+
+
 def _train_checked(config: Config, world: World, data: PreparedData, resume: bool, say: Callable[[str], None]) -> dict:
     """`train` once the shards are verified and rank 0 holds the run folder."""
     cfg, run_dir, manifest = config.train, Path(config.train.run_dir), data.manifest
@@ -335,35 +381,11 @@ def _train_checked(config: Config, world: World, data: PreparedData, resume: boo
     if train_records == 0 or manifest.splits["val"].records == 0:
         raise UserError(f"{data.path / MANIFEST}: train and val splits must both be non-empty")
 
-    tf.keras.utils.set_random_seed(cfg.seed)
-    model = build_model(cfg.model, image_size, len(labels), cfg.weights)
-    hold_fixed(model, cfg)
-    steps = max(1, train_records // (cfg.batch_size * world.size)) * cfg.epochs
-    model = source_adversary.wrap(model, len(train_sources(manifest)), cfg.source_adversary, steps)  # or the model
-    by_source = source_aware(cfg, manifest, source_input=model is not source_adversary.inference_model(model))
-    optimizer = world.distributed_optimizer(tf.keras.optimizers.Adam(cfg.learning_rate))
-    loss = tf.keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing)
-    model.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
-    optimizer.build(model.trainable_variables)
+    model, optimizer, by_source = _compiled_model(cfg, manifest, world)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-
-    training = TrainingState()  # rank 0's, possibly resumed, reaches every rank when World.run syncs the state
-    if world.is_root:
-        _prepare_run_dir(run_dir, resume, say)
-        if resume:
-            restored = _restore(run_dir, checkpoint)
-            say(f"resuming after epoch {restored.epoch}" if restored else "no checkpoint found: starting from epoch 0")
-            training = restored or training
+    training = _starting_state(run_dir, checkpoint, world, resume, say)
     state = world.make_state(model, optimizer, training)
-    card = ModelCard(
-        labels=labels,
-        image_size=image_size,
-        task=manifest.task,
-        model=cfg.model,
-        preprocessing=PREPROCESSING_VERSION,
-        harmonise=manifest.harmonise,
-        dataset_id=data.dataset_id,
-    )
+    card = _model_card(cfg.model, data)
     weights = (
         class_weights(manifest.splits["train"].classes, labels, cfg.class_weight_power) if cfg.class_weights else None
     )
