@@ -20,6 +20,7 @@ from covidxray.config import Config, load_config, parse_override
 from covidxray.data.labels import TASKS
 from covidxray.errors import UserError
 from covidxray.export.formats import FORMATS
+from covidxray.manifest import Manifest
 from covidxray.registry import Registry
 from covidxray.run_folder import DEFAULT_FORMAT
 from covidxray.train.models import MODEL_REGISTRY
@@ -150,24 +151,24 @@ def prepare(
 
         with progress_bar("preparing") as advance:
             manifest = do_prepare(cfg.data, progress=advance, log=console.print)
-        for split, info in manifest["splits"].items():
-            console.print(f"{split:5s} {info['records']:6d} images {info['patients']:6d} patients  {info['classes']}")
+        for split, info in manifest.splits.items():
+            console.print(f"{split:5s} {info.records:6d} images {info.patients:6d} patients  {info.classes}")
         print_composition(manifest)
-        for reason, count in manifest["dropped"].items():
+        for reason, count in manifest.dropped.items():
             console.print(f"[yellow]dropped[/] {count:6d}  {reason}")
-        console.print(f"wrote {len(manifest['shards'])} shards + manifest.json to {cfg.data.data_dir}")
+        console.print(f"wrote {len(manifest.shards)} shards + manifest.json to {cfg.data.data_dir}")
 
     run(go)
 
 
-def print_composition(manifest: dict) -> None:
+def print_composition(manifest: Manifest) -> None:
     from rich.markup import escape
 
     from covidxray.data.composition import table_lines
 
     for line in table_lines(manifest):
         console.print(escape(line), highlight=False)
-    for warning in manifest["composition"]["warnings"]:
+    for warning in manifest.composition_warnings:
         console.print(f"[yellow]shortcut risk[/]: {escape(warning)}", highlight=False)
 
 

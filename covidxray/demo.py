@@ -29,9 +29,10 @@ def demo_config(workdir: Path, epochs: int) -> Config:
 
 def run_demo(workdir: Path, epochs: int, say: Callable[[str], None] = print) -> dict:
     from covidxray.cli_progress import progress_bar
-    from covidxray.data.prepare import SPLIT_TABLE, prepare
+    from covidxray.data.prepare import prepare
     from covidxray.edge.predict import predict_files
     from covidxray.export.tflite import export
+    from covidxray.manifest import SPLIT_TABLE
     from covidxray.report.build import build_report
     from covidxray.run_folder import tflite_name
     from covidxray.train.evaluate import evaluate
@@ -60,7 +61,8 @@ def run_demo(workdir: Path, epochs: int, say: Callable[[str], None] = print) -> 
         )
         say(f"  {result['file']}: true {truth}, {answer}")
     accuracy = report["float32"]["accuracy"]
-    chance = max(manifest["splits"]["test"]["classes"].values()) / manifest["splits"]["test"]["records"]
+    test = manifest.splits["test"]
+    chance = max(test.classes.values()) / test.records
     say(f"test accuracy {accuracy:.1%} (majority-class baseline {chance:.1%}); model: {model_path}")
     say("[bold]6/6 report[/]: the run's model card as one HTML page")
     page = build_report(Path(config.train.run_dir), Path(config.data.data_dir), say=say)

@@ -70,10 +70,10 @@ def check_shards(data_dir: Path) -> dict:
     """The manifest is intact (its own checksum), every shard it lists exists with the sha256 it recorded,
     and the tables beside it (splits.csv, ...) are the ones it records."""
     from covidxray.files import sha256_file
-    from covidxray.manifest import TABLE_SHA256, load_manifest, shard_problems
+    from covidxray.manifest import open_prepared, shard_problems
 
     try:
-        manifest = load_manifest(data_dir)
+        data = open_prepared(data_dir)
     except UserError as err:
         return {
             "data_dir": str(data_dir),
@@ -83,12 +83,12 @@ def check_shards(data_dir: Path) -> dict:
             "sha256_mismatch": [],
             "tables_mismatch": [],
         }
-    tables = manifest.get(TABLE_SHA256, {})
+    tables = data.manifest.table_sha256
     return {
         "data_dir": str(data_dir),
         "manifest_error": None,
-        "shards": len(manifest["shards"]),
-        **shard_problems(data_dir, manifest),
+        "shards": len(data.manifest.shards),
+        **shard_problems(data),
         "tables_mismatch": [
             name
             for name, sha in sorted(tables.items())

@@ -1,9 +1,9 @@
 """The run folder: what `train`, `evaluate` and `export` write into `train.run_dir`, and `predict` reads.
 
 Contract: every file name of a run folder is spelled here and nowhere else.
-Rank 0 of `train` holds RUN_LOCK while it runs and writes MODEL_FILE (the best Keras model), MODEL_CARD (what
-the model needs to be used: labels, image size, preprocessing version,
-manifest sha256), CONFIG_FILE, TRAIN_LOG and CHECKPOINTS/ with the LATEST
+Rank 0 of `train` holds RUN_LOCK while it runs and writes MODEL_FILE (the best Keras model), MODEL_CARD (a
+`ModelCard`, written by `write_model_card` and read by `read_model_card`: what the model needs to be used: labels,
+image size, preprocessing version, the data set's id), CONFIG_FILE, TRAIN_LOG and CHECKPOINTS/ with the LATEST
 pointer, which is the commit point of a resumable run: it names a complete
 checkpoint folder; unless train.tensorboard is false, also TENSORBOARD_DIR/. `export` writes SAVED_MODEL_DIR, one `tflite_name(fmt)`
 plus its `sidecar_path` per format, and EXPORT_REPORT. `evaluate` writes
@@ -16,12 +16,15 @@ Imports only the standard library and covidxray's own light modules.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from covidxray.errors import UserError
 from covidxray.files import atomic_write
+from covidxray.strict import ConfigError, foreign_version, from_dict, setting
 
 MODEL_FILE = "model.keras"
 MODEL_CARD = "model.json"
@@ -38,6 +41,33 @@ TENSORBOARD_DIR = "tensorboard"  # rank 0's event files, one point per epoch (co
 TEST_PREDICTIONS = "test_predictions.npz"  # evaluate: every test image's probabilities, in shard order
 REPORT_FILE = "report.html"  # `covidxray report`: the run's model card (covidxray/report/)
 DEFAULT_FORMAT = "float32"
+CARD_VERSION = 1  # MODEL_CARD's layout: a reader refuses any other
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """MODEL_CARD: what the trained model needs to be used, with the effective values it was trained with (the
+    prepared data set's, whatever the config said)."""
+
+    labels: list[str]
+    image_size: int = setting(low=16, high=4096)
+    task: str | None = None
+    model: str | None = None
+    preprocessing: int | None = None
+    harmonise: str = "none"  # predict makes its input like the shards' (edge/harmonise.py)
+    dataset_id: str | None = None  # the training data's PreparedData.dataset_id
+    manifest_sha256: str | None = None  # only in cards written before dataset_id: sha256 of manifest.json's bytes
+    best: dict[str, Any] = field(default_factory=dict)  # the saved epoch's metrics
+    # A card without the field was written before it existed, in this same layout: version 1.
+    version: int = CARD_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        """The card as written: the legacy field only when it was read from an old card."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if not (k == "manifest_sha256" and v is None)}
+
+    def sidecar_entries(self) -> dict[str, Any]:
+        """What each exported model's sidecar carries over from the card (not the card's own version)."""
+        return {k: v for k, v in self.to_json().items() if k != "version"}
 
 
 def external_copies_name(index: int) -> str:
@@ -90,17 +120,31 @@ def read_latest(run_dir: Path) -> dict | None:
     return saved
 
 
-def read_model_card(run_dir: Path) -> dict:
-    """MODEL_CARD of a trained run (beside MODEL_FILE); UserError when the run has none or it is damaged."""
+def write_model_card(run_dir: Path, card: ModelCard) -> None:
+    write_json(Path(run_dir) / MODEL_CARD, card.to_json())
+
+
+def read_model_card(run_dir: Path) -> ModelCard:
+    """MODEL_CARD of a trained run (beside MODEL_FILE); UserError when the run has none, it is damaged or of
+    another version."""
     run_dir = Path(run_dir)
     model_path, card_path = run_dir / MODEL_FILE, run_dir / MODEL_CARD
     if not model_path.is_file() or not card_path.is_file():
         raise UserError(f"no trained model in {run_dir} ({MODEL_FILE}, {MODEL_CARD}): run `covidxray train` first")
     try:
-        card = json.loads(card_path.read_bytes())
-    except (ValueError, OSError) as err:
-        card = f"{type(err).__name__}: {err}"
-    if not isinstance(card, dict) or not isinstance(card.get("labels"), list) or "image_size" not in card:
-        detail = card if isinstance(card, str) else "no labels and image_size"
+        content = json.loads(card_path.read_bytes())
+    except (ValueError, OSError, RecursionError) as err:
+        content = f"{type(err).__name__}: {err}"
+    if not isinstance(content, dict):
+        detail = content if isinstance(content, str) else f"a JSON {type(content).__name__}, not an object"
         raise UserError(f"{card_path} is damaged ({detail}): train again into {run_dir}, or restore the file")
-    return card
+    version = foreign_version(content, "version", CARD_VERSION)
+    if version is not None:
+        raise UserError(
+            f"{card_path} is a model card of version {version!r}, written by another version of covidxray; "
+            f"this one reads version {CARD_VERSION}: use the covidxray that trained it, or train again into {run_dir}"
+        )
+    try:
+        return from_dict(ModelCard, content, str(card_path))
+    except ConfigError as err:
+        raise UserError(f"{card_path} is damaged ({err}): train again into {run_dir}, or restore the file") from None

@@ -35,6 +35,7 @@ import gate_corpus
 
 from covidxray.edge.orientation import ORIENTATIONS
 from covidxray.edge.predict import LAYOUT_REASON, OOD_REASON, predict_path
+from covidxray.sidecar import Sidecar
 
 # What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
 # (scripts/stale_benchmarks.py): the predict path and its checks, and the image sets (the model is an input: --run-dir).
@@ -72,14 +73,14 @@ def model_scores(path: Path, classifier) -> tuple[float, float]:
 
 
 def margin_sensitivity(
-    card: dict, scores: dict[str, list[tuple[str, float, float]]], refused_before: Counter, judged: Counter
+    card: Sidecar, scores: dict[str, list[tuple[str, float, float]]], refused_before: Counter, judged: Counter
 ) -> list[dict]:
     """Both goals at other margins, from the two scores (file, OOD, layout) of every image that reached the model.
 
     `refused_before[kind]`: images of that kind the decoder or the cheap checks refused (they stay refused);
     `judged[kind]`: the denominators. A margin of None: that check off.
     """
-    ood, layout = card.get("ood"), card.get("layout")
+    ood, layout = card.ood, card.layout
     if not ood:
         return []
     ood_max = ood["val_distance"]["max"]
@@ -212,7 +213,7 @@ def main() -> None:
             ]
         )
     bench.table(
-        f"predict on real radiographs and on non-radiographs ({classifier.card.get('model')} @{classifier.image_size} px, {args.format}, "
+        f"predict on real radiographs and on non-radiographs ({classifier.card.model} @{classifier.image_size} px, {args.format}, "
         f"OOD threshold {classifier.ood.threshold if classifier.ood else float('nan'):.2f}, "
         f"chest-layout threshold {classifier.layout.threshold if classifier.layout else float('nan'):.2f})",
         [
@@ -263,11 +264,11 @@ def main() -> None:
     results = {
         "run_dir": str(run_dir),
         "format": args.format,
-        "model": classifier.card.get("model"),
+        "model": classifier.card.model,
         "image_size": classifier.image_size,
-        "ood": {k: v for k, v in (classifier.card.get("ood") or {}).items() if k not in ("means", "precision")},
-        "layout": {k: v for k, v in (classifier.card.get("layout") or {}).items() if k not in ("mean", "precision")},
-        "orientation": {k: v for k, v in classifier.card["orientation"].items() if k not in ("coef", "intercept")},
+        "ood": {k: v for k, v in (classifier.card.ood or {}).items() if k not in ("means", "precision")},
+        "layout": {k: v for k, v in (classifier.card.layout or {}).items() if k not in ("mean", "precision")},
+        "orientation": {k: v for k, v in (classifier.card.orientation or {}).items() if k not in ("coef", "intercept")},
         "radiographs_judged": judged_radiographs,
         "false_rejection_rate": false_rejection,
         "refused_radiographs": refused_radiographs,

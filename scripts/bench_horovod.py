@@ -159,14 +159,14 @@ def main() -> None:
         }
     )
 
-    from covidxray.manifest import load_manifest
+    from covidxray.manifest import open_prepared
 
     results, rows, reduce_rows = {"pinned": args.pin, "batch_size_per_rank": args.batch_size, "cases": {}}, [], []
     for model, size in _bench.parse_cases(args.cases):
         data = _bench.prepared_synthetic(
             args.workdir / f"horovod-data-{size}", size, args.patients, val_fraction=0.1, test_fraction=0.1
         )
-        manifest = load_manifest(data)
+        manifest = open_prepared(data).manifest
         rates: dict[int, list[float]] = {1: [], 2: []}
         summed: dict[int, list[float]] = {1: [], 2: []}
         system: dict[int, list[float]] = {1: [], 2: []}
@@ -178,7 +178,7 @@ def main() -> None:
                 rates[ranks] += run["job_images_per_s"]
                 summed[ranks] += run["sum_images_per_s"]
                 system[ranks].append(run["system_cpu_share"])
-        probe = allreduce_probe(model, size, len(manifest["labels"]), args)
+        probe = allreduce_probe(model, size, len(manifest.labels), args)
 
         one, two = statistics.median(rates[1]), statistics.median(rates[2])
         scaling, ceiling = two / one, statistics.median(ceilings)
@@ -187,7 +187,7 @@ def main() -> None:
         share = reduce_s / step_two
         sys_share = {n: statistics.median(v) for n, v in system.items()}
         results["cases"][f"{model}@{size}"] = {
-            "train_images": manifest["splits"]["train"]["records"],
+            "train_images": manifest.splits["train"].records,
             "images_per_s": {"np1": rates[1], "np2": rates[2]},
             "sum_of_rank_rates": {"np1": summed[1], "np2": summed[2]},
             "system_cpu_share": sys_share,

@@ -78,7 +78,7 @@ def main() -> None:
     )
     args = bench.parse({"cases": "small_cnn@64", "batches": 2, "patients": 40})
 
-    from covidxray.manifest import load_manifest, shard_paths
+    from covidxray.manifest import open_prepared
     from covidxray.train.distributed import init_world
     from covidxray.train.input import InputSpec, make_dataset
 
@@ -87,10 +87,11 @@ def main() -> None:
     cases, first_batch, sizes, params = {}, {}, sorted({s for _, s in model_cases}), {}
     for size in sizes:
         data = _bench.prepared_synthetic(args.workdir / f"input-data-{size}", size, args.patients)
-        labels = load_manifest(data)["labels"]
+        prepared = open_prepared(data)
+        labels = prepared.manifest.labels
         for augment in (False, True):
             ds, _ = make_dataset(
-                shard_paths(data, "train"),
+                prepared.shards("train"),
                 InputSpec(
                     size, len(labels), args.batch_size, training=True, augment=augment, threads=world.cores_per_rank
                 ),

@@ -116,7 +116,7 @@ def timed_prepare(sources: dict[str, dict], data_dir: Path, image_size: int, wor
     manifest = prepare(config.data, log=lambda _msg: None)
     seconds = time.perf_counter() - started
     shutil.rmtree(data_dir)
-    return seconds, sum(split["records"] for split in manifest["splits"].values())
+    return seconds, sum(split.records for split in manifest.splits.values())
 
 
 class PrepareCase(_bench.SelfTimed):

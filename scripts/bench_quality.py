@@ -155,13 +155,14 @@ def bootstrap_intervals(
 def test_predictions(run_dir: Path, data_dir: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     import tensorflow as tf
 
-    from covidxray.manifest import load_manifest
+    from covidxray.manifest import open_prepared
     from covidxray.train.evaluate import predict_split
 
-    manifest = load_manifest(data_dir)
+    data = open_prepared(data_dir)
+    manifest = data.manifest
     model = tf.keras.models.load_model(run_dir / "model.keras", compile=False)
-    probabilities, labels = predict_split(model, data_dir, "test", int(manifest["image_size"]), len(manifest["labels"]))
-    return labels, probabilities, manifest["labels"]
+    probabilities, labels = predict_split(model, data, "test", manifest.image_size, len(manifest.labels))
+    return labels, probabilities, manifest.labels
 
 
 def main() -> None:
@@ -351,7 +352,7 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
     """Train without `held`, evaluate in-sample and on `held`; per-image figures with bootstrap intervals."""
     import tensorflow as tf
 
-    from covidxray.manifest import load_manifest
+    from covidxray.manifest import open_prepared
     from covidxray.train.external import predict_records
 
     task = recipe.get("fold_task", {}).get(held, recipe["task"])
@@ -378,7 +379,9 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
     (external,) = evaluation["external"]
     names = evaluation["labels"]
     model = tf.keras.models.load_model(run_dir / "model.keras", compile=False)
-    held_probs, held_labels, _, dropped = predict_records(model, held_dir, set(external["dropped_record_ids"]))
+    held_probs, held_labels, _, dropped = predict_records(
+        model, open_prepared(held_dir), set(external["dropped_record_ids"])
+    )
     labels, probabilities, _ = test_predictions(run_dir, training_dir)
     for what, mine, theirs in (
         ("test", (probabilities.argmax(1) == labels).mean(), evaluation["accuracy"]),
@@ -387,7 +390,7 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
         if abs(mine - theirs) > 1e-9:  # the same model on the same images: must agree
             sys.exit(f"covidxray evaluate and this bench disagree on the {what} accuracy: {theirs} vs {mine}")
     profile = source_profile_flags(model, training_dir, held_dir, set(external["dropped_record_ids"]))
-    train_classes = load_manifest(training_dir)["splits"]["train"]["classes"]
+    train_classes = open_prepared(training_dir).manifest.splits["train"].classes
     trained_classes = [c for c, name in enumerate(names) if train_classes[name]]
     train_log = json.loads((run_dir / "train_log.json").read_text())
     untrained = [c for c in range(len(names)) if c not in trained_classes and (held_labels == c).any()]
@@ -407,9 +410,9 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
     return {
         "held_out": held,
         "task": task,
-        "held_out_dropped": load_manifest(held_dir)[
-            "dropped"
-        ],  # e.g. the COVID-19 films a two-class fold has no use for
+        "held_out_dropped": open_prepared(
+            held_dir
+        ).manifest.dropped,  # e.g. the COVID-19 films a two-class fold has no use for
         "train_classes": train_classes,
         "held_out_trained_classes": restricted,
         "in_sample": _scored(labels, probabilities, names, args.bootstrap, trained_classes),
@@ -450,9 +453,10 @@ def _trained(run_dir: Path, epochs: int) -> bool:
 
 def _embeddings(served, data_dir: Path, splits: tuple[str, ...], skip: set[str] = frozenset()) -> tuple:
     from covidxray.data.tfrecord import read_records
-    from covidxray.manifest import shard_paths
+    from covidxray.manifest import open_prepared
 
-    records = [r for split in splits for r in read_records(shard_paths(data_dir, split)) if r["record_id"] not in skip]
+    data = open_prepared(data_dir)
+    records = [r for split in splits for r in read_records(data.shards(split)) if r["record_id"] not in skip]
     images = np.stack([r["image"] for r in records]).astype(np.float32)
     return served.predict(images, batch_size=64, verbose=0)[1], np.array([r["source"] for r in records], dtype=object)
 

@@ -14,16 +14,16 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from covidxray.manifest import load_manifest, shard_paths
+from covidxray.manifest import open_prepared
 from covidxray.train.batchnorm import batchnorm_layers
 from covidxray.train.input import InputSpec, make_dataset
 
 
 def main(run_dir: str, data_dir: str) -> None:
-    manifest = load_manifest(data_dir)
-    size, classes = int(manifest["image_size"]), len(manifest["labels"])
+    data = open_prepared(data_dir)
+    size, classes = data.manifest.image_size, len(data.manifest.labels)
     model = tf.keras.models.load_model(f"{run_dir}/model.keras", compile=False)
-    dataset, _ = make_dataset(shard_paths(data_dir, "val"), InputSpec(size, classes, 64))
+    dataset, _ = make_dataset(data.shards("val"), InputSpec(size, classes, 64))
     inference, truth = [], []
     for images, one_hot in dataset:
         inference.append(model(images, training=False).numpy())

@@ -31,7 +31,7 @@ from covidxray.data.prepare import prepare
 from covidxray.edge import preprocess
 from covidxray.edge.image_header import declared_size
 from covidxray.errors import UserError
-from covidxray.manifest import load_manifest, shard_problems
+from covidxray.manifest import open_prepared, shard_problems
 from covidxray.sources.archive import ExtractLimits, extract
 
 HANG_BOUND_S = 300  # a hang fails the test instead of the suite
@@ -50,7 +50,7 @@ def talo(tmp_path) -> Path:
 @pytest.fixture
 def prepared(talo, tmp_path) -> tuple[Path, Path, dict]:
     data_dir = tmp_path / "data"
-    return talo, data_dir, prepare(data_config(data_dir, talo), log=lambda _: None)
+    return talo, data_dir, prepare(data_config(data_dir, talo), log=lambda _: None).to_json()
 
 
 def shard_file(data_dir: Path, manifest: dict, index: int = 0) -> Path:
@@ -155,7 +155,7 @@ def test_prepare_drops_a_file_whose_decode_hangs_counts_it_and_lists_it(talo, tm
     monkeypatch.setattr(image_cache, "decode_one", decode_or_hang)  # what prepare hands to its workers
     lines: list[str] = []
     data_dir = tmp_path / "data"
-    manifest = prepare(data_config(data_dir, talo, workers=2, decode_timeout_s=1.0), log=lines.append)
+    manifest = prepare(data_config(data_dir, talo, workers=2, decode_timeout_s=1.0), log=lines.append).to_json()
     assert manifest["dropped"]["covid19-talo: image decode-timeout"] == 1
     with open(data_dir / "dropped.csv", newline="") as table:
         rows = [row for row in csv.DictReader(table) if "decode-timeout" in row["reason"]]
@@ -201,7 +201,7 @@ def talo_with_latin1_names(talo, tmp_path) -> tuple[Path, Path]:
 def test_a_file_name_that_is_not_utf8_is_prepared_like_any_other(talo_with_latin1_names, tmp_path, given):
     folder, archive = talo_with_latin1_names
     data_dir = tmp_path / "data"
-    manifest = prepare(data_config(data_dir, folder if given == "folder" else archive), log=lambda _: None)
+    manifest = prepare(data_config(data_dir, folder if given == "folder" else archive), log=lambda _: None).to_json()
     images_on_disk = [
         p for p in folder.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg") and not p.name.startswith(".")
     ]
@@ -231,7 +231,7 @@ def real_talo_with_a_latin1_name(shared_data, tmp_path) -> tuple[Path, bytes]:
 def test_the_real_talo_sample_with_a_latin1_name_prepares_in_two_workers(real_talo_with_a_latin1_name, tmp_path):
     root, renamed = real_talo_with_a_latin1_name
     data_dir = tmp_path / "data"
-    manifest = prepare(data_config(data_dir, root, workers=2, image_size=64), log=lambda _: None)
+    manifest = prepare(data_config(data_dir, root, workers=2, image_size=64), log=lambda _: None).to_json()
     assert sum(s["records"] for s in manifest["shards"]) == 24
     name = os.fsdecode(os.path.basename(renamed))
     (record,) = [
@@ -390,7 +390,7 @@ def test_a_corrupt_decode_cache_is_set_aside_and_rebuilt(prepared):
     (cache,) = (data_dir / "cache").glob("*.sqlite")
     cache.write_bytes(b"this is not an SQLite database" * 100)
     lines: list[str] = []
-    again = prepare(data_config(data_dir, talo), log=lines.append)
+    again = prepare(data_config(data_dir, talo), log=lines.append).to_json()
     assert any("decode cache" in line and "damaged" in line and "rebuilding" in line for line in lines)
     assert again["shards"] == reference["shards"]
     assert cache.with_name(cache.name + ".damaged").is_file()
@@ -400,7 +400,7 @@ def test_an_empty_receipt_makes_prepare_rewrite_its_shard(prepared):
     talo, data_dir, reference = prepared
     shard_file(data_dir, reference).with_suffix(".json").write_bytes(b"")
     lines: list[str] = []
-    again = prepare(data_config(data_dir, talo), log=lines.append)
+    again = prepare(data_config(data_dir, talo), log=lines.append).to_json()
     assert any("receipt" in line and "damaged" in line for line in lines)
     assert again["shards_reused"] == len(reference["shards"]) - 1 and again["shards"] == reference["shards"]
 
@@ -418,9 +418,9 @@ def test_a_bit_flipped_shard_is_refused_by_train_and_repaired_by_prepare(prepare
     assert f"damaged (sha256 differs from manifest.json): {shard.name}" in " ".join(result.stderr.split())
     assert not (data_dir.parent / "run" / "model.keras").exists()
     lines: list[str] = []
-    repaired = prepare(data_config(data_dir, talo), log=lines.append)
+    repaired = prepare(data_config(data_dir, talo), log=lines.append).to_json()
     assert any(shard.name in line and "damaged" in line for line in lines)
-    assert repaired["shards"] == reference["shards"] and shard_problems(data_dir, repaired) == {
+    assert repaired["shards"] == reference["shards"] and shard_problems(open_prepared(data_dir)) == {
         "missing": [],
         "sha256_mismatch": [],
     }
@@ -433,7 +433,7 @@ def test_a_truncated_manifest_says_what_to_run(prepared):
     with pytest.raises(
         UserError, match=r"manifest.json is damaged \(truncated or not JSON.*re-run `covidxray prepare`"
     ):
-        load_manifest(data_dir)
+        open_prepared(data_dir)
 
 
 def test_an_edited_manifest_is_refused_and_doctor_flags_it(prepared):
@@ -445,7 +445,7 @@ def test_an_edited_manifest_is_refused_and_doctor_flags_it(prepared):
         json.dumps({**edited, "checksum": json.loads((data_dir / "manifest.json").read_text())["checksum"]}, indent=2)
     )
     with pytest.raises(UserError, match="was changed after prepare wrote it"):
-        load_manifest(data_dir)
+        open_prepared(data_dir)
     report = diagnose(data_dir)
     (check,) = [c for c in report["checks"] if c["name"].startswith("manifest intact")]
     assert not check["ok"] and check["required"] and "changed after prepare" in check["detail"] and not report["ok"]
@@ -477,17 +477,18 @@ def test_a_reprepare_that_runs_out_of_disk_leaves_the_old_set_whole_and_trusted(
     monkeypatch.setattr(tfrecord, "write_shard", full_disk)
     with pytest.raises(UserError, match="No space left on device.*previous data set there, if any, is untouched"):
         prepare(data_config(data_dir, talo), log=lambda _: None)
-    assert load_manifest(data_dir) == reference
-    assert shard_problems(data_dir, reference) == {"missing": [], "sha256_mismatch": []}
+    old = open_prepared(data_dir)
+    assert old.manifest.to_json() == reference
+    assert shard_problems(old) == {"missing": [], "sha256_mismatch": []}
 
     monkeypatch.setattr(tfrecord, "write_shard", real_write)
-    new = prepare(data_config(data_dir, talo), log=lambda _: None)
+    new = prepare(data_config(data_dir, talo), log=lambda _: None).to_json()
     assert sum(s["records"] for s in new["shards"]) == sum(s["records"] for s in reference["shards"]) + 4
-    assert shard_problems(data_dir, reference) == {
+    assert shard_problems(old) == {
         "missing": [],
         "sha256_mismatch": [],
     }  # a reader of the old set keeps its files
-    newest = prepare(data_config(data_dir, talo, seed=1), log=lambda _: None)
+    newest = prepare(data_config(data_dir, talo, seed=1), log=lambda _: None).to_json()
     listed = {s["file"] for s in new["shards"] + newest["shards"]}
     assert {
         p.name for p in (data_dir / "shards").glob("*.tfrecord")
@@ -509,7 +510,7 @@ def test_an_image_replaced_in_place_with_same_size_and_mtime_is_decoded_again(bm
     write_image(image, seed=2)
     os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert (image.stat().st_size, image.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
-    manifest = prepare(data_config(data_dir, bmp_talo), log=lambda _: None)
+    manifest = prepare(data_config(data_dir, bmp_talo), log=lambda _: None).to_json()
     (record,) = [
         r
         for r in tfrecord.read_records(data_dir / "shards" / s["file"] for s in manifest["shards"])
@@ -530,10 +531,11 @@ def run_inputs(prepared, tmp_path):
     from covidxray.train.distributed import World
     from covidxray.train.run_guard import check_before_training
 
-    _, data_dir, manifest = prepared
+    _, data_dir, _ = prepared
     config = load_config(None, [{"data": {"data_dir": str(data_dir)}, "train": {"run_dir": str(tmp_path / "run")}}])
-    check_before_training(World(), config, data_dir, manifest, resume=False, force=False, say=lambda _: None)
-    return config, data_dir, manifest
+    data = open_prepared(data_dir)
+    check_before_training(World(), config, data, {}, resume=False, force=False, say=lambda _: None)
+    return config, data_dir, data
 
 
 def test_resume_refuses_other_settings_or_data_unless_forced(run_inputs, talo, tmp_path):
@@ -542,7 +544,7 @@ def test_resume_refuses_other_settings_or_data_unless_forced(run_inputs, talo, t
     from covidxray.train.distributed import World
     from covidxray.train.run_guard import RUN_INPUTS, check_before_training
 
-    config, data_dir, manifest = run_inputs
+    config, data_dir, data = run_inputs
     result = run_cli(
         "train", "--data-dir", str(data_dir), "--run-dir", config.train.run_dir, "--resume", "--batch-size", "8"
     )
@@ -555,23 +557,24 @@ def test_resume_refuses_other_settings_or_data_unless_forced(run_inputs, talo, t
         UserError,
         match=r"different train\.batch_size \(32 then, 8 now\); train\.learning_rate \(0\.001 then, 0\.01 now\)\. .*--force",
     ):
-        check_before_training(World(), config, data_dir, manifest, resume=True, force=False, say=lambda _: None)
+        check_before_training(World(), config, data, {}, resume=True, force=False, say=lambda _: None)
     said: list[str] = []
-    check_before_training(World(), config, data_dir, manifest, resume=True, force=True, say=said.append)
+    check_before_training(World(), config, data, {}, resume=True, force=True, say=said.append)
     assert any(line.startswith("--force: resuming") for line in said)
     assert (
         json.loads((Path(config.train.run_dir) / RUN_INPUTS).read_text())["train"]["batch_size"] == 8
     )  # the record follows --force
-    same_data = prepare(
-        data_config(data_dir, talo), log=lambda _: None
-    )  # a re-prepare of the same data is the same data set
-    check_before_training(World(), config, data_dir, same_data, resume=True, force=False, say=lambda _: None)
+    prepare(data_config(data_dir, talo), log=lambda _: None)  # a re-prepare of the same data is the same data set
+    same_data = open_prepared(data_dir)
+    check_before_training(World(), config, same_data, {}, resume=True, force=False, say=lambda _: None)
 
     other_dir = tmp_path / "other-data"
-    other = prepare(data_config(other_dir, talo, seed=7), log=lambda _: None)
+    prepare(data_config(other_dir, talo, seed=7), log=lambda _: None)
     config.data.data_dir = str(other_dir)
     with pytest.raises(UserError, match=r"different data set \(manifest.json content sha256 \w{12} then, \w{12} now\)"):
-        check_before_training(World(), config, other_dir, other, resume=True, force=False, say=lambda _: None)
+        check_before_training(
+            World(), config, open_prepared(other_dir), {}, resume=True, force=False, say=lambda _: None
+        )
 
 
 @pytest.mark.parametrize("content", [b"", b'{"epoch": 3, "pa', b"[]"])

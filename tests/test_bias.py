@@ -125,7 +125,7 @@ def test_evaluate_per_source_on_the_real_merge(merged, tmp_path):
     import tensorflow as tf
 
     from covidxray.data.tfrecord import read_records
-    from covidxray.manifest import shard_paths
+    from covidxray.manifest import open_prepared
 
     data_dir, _ = merged
     run_dir = tmp_path / "run"
@@ -135,7 +135,7 @@ def test_evaluate_per_source_on_the_real_merge(merged, tmp_path):
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     report = json.loads((run_dir / "evaluation.json").read_text())
 
-    records = list(read_records(shard_paths(data_dir, "test")))  # the plain reader, not evaluate's pipeline
+    records = list(read_records(open_prepared(data_dir).shards("test")))  # the plain reader, not evaluate's pipeline
     model = tf.keras.models.load_model(str(run_dir / "model.keras"), compile=False)
     probs = model.predict(np.stack([r["image"] for r in records]).astype(np.float32), verbose=0)
     labels = np.array([r["label"] for r in records])

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-CONTRACTS = ["covidxray.records", "covidxray.manifest", "covidxray.run_folder", "covidxray.files", "covidxray.registry"]
+CONTRACTS = [
+    "covidxray.records",
+    "covidxray.manifest",
+    "covidxray.run_folder",
+    "covidxray.files",
+    "covidxray.registry",
+    "covidxray.strict",
+    "covidxray.sidecar",
+]
 EDGE_FORBIDDEN = ["tensorflow", "keras", "tf_keras", "horovod"]
 HEAVY = ["tensorflow", "cv2", "sqlite3", "multiprocessing", "horovod", "covidxray.sources"]
 

@@ -10,6 +10,7 @@ import pytest
 from conftest import run_cli
 from sklearn import metrics as sk
 
+from covidxray.manifest import Manifest, SplitSummary
 from covidxray.train import metrics
 from covidxray.train.by_source import per_source_report, unseen_sources
 from covidxray.train.evaluate import choose_thresholds, classification_report
@@ -150,18 +151,20 @@ def _subset_oracle(labels, probs, members, num_classes):
     return expected
 
 
+def a_manifest(sources: dict[str, dict[str, int]], labels=("a", "b", "c"), **data_config) -> Manifest:
+    """A manifest whose splits hold these images per source."""
+    splits = {split: SplitSummary(records=sum(counts.values()), sources=counts) for split, counts in sources.items()}
+    return Manifest(task="t", labels=list(labels), image_size=64, splits=splits, data_config=data_config)
+
+
 def test_per_source_metrics_match_sklearn_on_each_subset(predictions):
     labels, probs = predictions
     names = ["a", "b", "c"]
     sources = np.array(["kaggle", "ieee", "talo"], dtype=object)[np.random.default_rng(11).integers(0, 3, labels.size)]
     sources[(sources == "talo") & (labels != 2)] = "ieee"  # talo: one class only, so its AUCs are undefined
-    manifest = {
-        "labels": names,
-        "splits": {
-            "train": {"sources": {"kaggle": 100, "ieee": 40, "talo": 0}},
-            "test": {"sources": {"kaggle": 1, "ieee": 1, "talo": 1}},
-        },
-    }
+    manifest = a_manifest(
+        {"train": {"kaggle": 100, "ieee": 40, "talo": 0}, "test": {"kaggle": 1, "ieee": 1, "talo": 1}}, names
+    )
     report = per_source_report(
         labels, probs, sources, manifest, lambda y, p: classification_report(y, p, names, [None] * 3)
     )
@@ -183,10 +186,10 @@ def test_per_source_metrics_match_sklearn_on_each_subset(predictions):
 
 
 def test_unseen_sources_are_the_held_out_one_and_those_without_train_images():
-    splits = {"train": {"sources": {"kaggle": 50, "talo": 0}}, "test": {"sources": {"kaggle": 9, "talo": 3, "ieee": 4}}}
-    assert unseen_sources({"splits": splits}) == {"talo", "ieee"}
-    assert unseen_sources({"splits": splits, "data_config": {"holdout_source": "kaggle"}}) == {"talo", "ieee", "kaggle"}
-    assert unseen_sources({"splits": splits, "data_config": {"holdout_source": ""}}) == {"talo", "ieee"}
+    sources = {"train": {"kaggle": 50, "talo": 0}, "test": {"kaggle": 9, "talo": 3, "ieee": 4}}
+    assert unseen_sources(a_manifest(sources)) == {"talo", "ieee"}
+    assert unseen_sources(a_manifest(sources, holdout_source="kaggle")) == {"talo", "ieee", "kaggle"}
+    assert unseen_sources(a_manifest(sources, holdout_source="")) == {"talo", "ieee"}
 
 
 @pytest.fixture(scope="module")
@@ -253,9 +256,10 @@ def test_evaluate_sees_what_keras_sees_on_the_test_split(evaluated_run, syntheti
     import tensorflow as tf
 
     from covidxray.export.tflite import load_split
+    from covidxray.manifest import open_prepared
 
     run_dir, _ = evaluated_run
-    images, labels = load_split(synthetic_data, "test")
+    images, labels = load_split(open_prepared(synthetic_data), "test")
     predicted = (
         tf.keras.models.load_model(str(run_dir / "model.keras"), compile=False).predict(images, verbose=0).argmax(1)
     )

@@ -43,7 +43,8 @@ def test_every_format_agrees_with_keras_and_sizes_shrink(all_formats_run):
         assert entry["bytes"] == (all_formats_run / entry["file"]).stat().st_size
         assert entry["accuracy_delta"] == pytest.approx(entry["accuracy"] - report["keras"]["accuracy"])
     assert report["test_images"] > 0 and report["int8_min_agreement"] == ExportConfig().int8_min_agreement
-    assert report["data_manifest_sha256"] == report["training_manifest_sha256"]
+    card = json.loads((all_formats_run / "model.json").read_text())
+    assert report["data_is_training_data"] is True and report["dataset_id"] == card["dataset_id"]
 
 
 def test_report_agreement_matches_an_independent_check(all_formats_run, synthetic_data):
@@ -51,8 +52,9 @@ def test_report_agreement_matches_an_independent_check(all_formats_run, syntheti
 
     from covidxray.edge.litert import TFLiteClassifier
     from covidxray.export.tflite import load_split
+    from covidxray.manifest import open_prepared
 
-    images, labels = load_split(synthetic_data, "test")
+    images, labels = load_split(open_prepared(synthetic_data), "test")
     keras = (
         tf.keras.models.load_model(str(all_formats_run / "model.keras"), compile=False)
         .predict(images, verbose=0)
@@ -74,16 +76,18 @@ def test_int8_model_takes_and_gives_uint8(all_formats_run):
 
 def test_sidecar_carries_everything_predict_needs(all_formats_run, synthetic_data):
     from covidxray.edge.preprocess import PREPROCESSING_VERSION
-    from covidxray.manifest import load_manifest, manifest_sha256
 
-    manifest = load_manifest(synthetic_data)
+    manifest = json.loads((synthetic_data / "manifest.json").read_text())
+    # the data set's id: sha256 of sorted compact JSON of what training reads (covidxray/manifest.py open_prepared)
+    identity = {k: manifest[k] for k in ("task", "labels", "image_size", "preprocessing", "shards")}
+    dataset_id = hashlib.sha256(json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     for fmt in EVERY_FORMAT:
         model = all_formats_run / f"model-{fmt}.tflite"
         card = json.loads(model.with_suffix(".json").read_text())
         assert card["labels"] == manifest["labels"]
         assert card["image_size"] == manifest["image_size"]
         assert card["preprocessing"] == PREPROCESSING_VERSION
-        assert card["manifest_sha256"] == manifest_sha256(synthetic_data)
+        assert card["dataset_id"] == dataset_id and "manifest_sha256" not in card
         assert card["tflite_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
         assert card["format"] == fmt and card["keras_model"] == "model.keras"
         assert set(card["parity"]) >= {"agreement", "accuracy", "accuracy_delta", "test_images"}
@@ -177,11 +181,12 @@ def test_sidecar_temperature_and_ood_threshold_are_what_val_says(all_formats_run
     from covidxray.edge.litert import TFLiteClassifier
     from covidxray.export.calibration import LOG_T_BOUNDS
     from covidxray.export.tflite import load_split
+    from covidxray.manifest import open_prepared
 
-    images, labels = load_split(synthetic_data, "val")
+    images, labels = load_split(open_prepared(synthetic_data), "val")
     for fmt in ("float32", "int8"):
         classifier = TFLiteClassifier(all_formats_run / f"model-{fmt}.tflite")
-        card = classifier.card
+        card = json.loads((all_formats_run / f"model-{fmt}.json").read_text())
         raw, embeddings = map(np.array, zip(*(classifier.infer(image) for image in images)))
         floor = 1e-7 if fmt == "float32" else classifier.output["quantization"][0] / 2
 
@@ -216,8 +221,9 @@ def test_sidecar_layout_threshold_is_the_largest_val_score_times_the_margin(all_
 
     from covidxray.config import ExportConfig
     from covidxray.export.tflite import load_split
+    from covidxray.manifest import open_prepared
 
-    images, _ = load_split(synthetic_data, "val")
+    images, _ = load_split(open_prepared(synthetic_data), "val")
     entry = json.loads((all_formats_run / "model-float32.json").read_text())["layout"]
     mean = np.frombuffer(base64.b64decode(entry["mean"]), "<f4").astype(np.float64)
     precision = np.frombuffer(base64.b64decode(entry["precision"]), "<f4").astype(np.float64).reshape(144, 144)

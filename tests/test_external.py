@@ -14,6 +14,8 @@ from conftest import SHARED_DATA, run_cli
 from sklearn import metrics as sk
 
 from covidxray.errors import UserError
+from covidxray.manifest import Manifest
+from covidxray.run_folder import ModelCard
 from covidxray.train.external import check_fits
 
 KAGGLE_PER_CLASS = 6  # real pediatric films of the Kaggle test folder: the external set's genuine images
@@ -134,14 +136,14 @@ def test_external_metrics_equal_sklearn_on_the_images_left(external_run):
     import tensorflow as tf
 
     from covidxray.data.tfrecord import read_records
-    from covidxray.manifest import shard_paths
+    from covidxray.manifest import open_prepared
 
     run_dir, external_dir, _ = external_run
     (external,) = json.loads((run_dir / "evaluation.json").read_text())["external"]
     records = [
         r
         for split in ("train", "val", "test")
-        for r in read_records(shard_paths(external_dir, split))
+        for r in read_records(open_prepared(external_dir).shards(split))
         if not any(f":{name}:" in r["record_id"] for name in PLANTED)
     ]
     labels = np.array([r["label"] for r in records])
@@ -162,17 +164,19 @@ def test_external_metrics_equal_sklearn_on_the_images_left(external_run):
 
 
 def test_an_external_set_that_does_not_fit_the_model_is_refused_by_name():
-    card = {"task": "chest3", "labels": ["normal", "pneumonia", "covid-19"], "image_size": 64, "preprocessing": 1}
-    manifest = {**card, "image_size": 128, "harmonise": "none"}
+    fields = {"task": "chest3", "labels": ["normal", "pneumonia", "covid-19"], "image_size": 64, "preprocessing": 1}
+    card = ModelCard(**fields)
+
+    def manifest(**changed) -> Manifest:
+        return Manifest(**{**fields, "image_size": 128, "harmonise": "none", **changed})
+
     with pytest.raises(UserError, match=r"image_size is 128, the model's 64.*--image-size 64"):
-        check_fits(card, manifest, Path("ext"))
+        check_fits(card, manifest(), Path("ext"))
     with pytest.raises(UserError, match="labels"):
-        check_fits(
-            card, {**manifest, "image_size": 64, "task": "pneumonia", "labels": ["normal", "pneumonia"]}, Path("e")
-        )
+        check_fits(card, manifest(image_size=64, task="pneumonia", labels=["normal", "pneumonia"]), Path("e"))
     with pytest.raises(UserError, match="harmonise is 'trim-inpaint-equalise', the model's 'none'"):
-        check_fits(card, {**manifest, "image_size": 64, "harmonise": "trim-inpaint-equalise"}, Path("e"))
-    check_fits(card, {**manifest, "image_size": 64}, Path("e"))  # fits: no error
+        check_fits(card, manifest(image_size=64, harmonise="trim-inpaint-equalise"), Path("e"))
+    check_fits(card, manifest(image_size=64), Path("e"))  # fits: no error
 
 
 @pytest.mark.slow

@@ -46,8 +46,9 @@ def test_keras_model_beats_chance_on_held_out_split(trained_run, synthetic_data)
     import tensorflow as tf
 
     from covidxray.export.tflite import load_split
+    from covidxray.manifest import open_prepared
 
-    images, labels = load_split(synthetic_data, "test")
+    images, labels = load_split(open_prepared(synthetic_data), "test")
     model = tf.keras.models.load_model(str(trained_run / "model.keras"), compile=False)
     accuracy = float((model.predict(images, verbose=0).argmax(1) == labels).mean())
     majority = np.bincount(labels).max() / len(labels)
@@ -59,8 +60,9 @@ def test_tflite_agrees_with_keras_on_test_split(exported_run, synthetic_data):
 
     from covidxray.edge.litert import TFLiteClassifier
     from covidxray.export.tflite import load_split
+    from covidxray.manifest import open_prepared
 
-    images, _ = load_split(synthetic_data, "test")
+    images, _ = load_split(open_prepared(synthetic_data), "test")
     keras = tf.keras.models.load_model(str(exported_run / "model.keras"), compile=False).predict(images, verbose=0)
     classifier = TFLiteClassifier(exported_run / "model-float32.tflite")
     lite = np.stack(

@@ -77,7 +77,7 @@ def test_predict_makes_the_pixels_prepare_wrote_into_the_shards(tmp_path):
         pytest.skip("../shared/data not present")
     from covidxray.data.tfrecord import read_records
     from covidxray.edge.preprocess import as_model_input, load_gray
-    from covidxray.manifest import shard_paths
+    from covidxray.manifest import open_prepared
 
     data_dir = tmp_path / "data"
     result = run_cli(
@@ -96,7 +96,7 @@ def test_predict_makes_the_pixels_prepare_wrote_into_the_shards(tmp_path):
     assert manifest["harmonise"] == METHOD
     with open(data_dir / "splits.csv", newline="") as handle:
         image_of = {Path(row["image"]).name: row["image"] for row in csv.DictReader(handle)}
-    records = [r for split in ("train", "val", "test") for r in read_records(shard_paths(data_dir, split))]
+    records = [r for split in ("train", "val", "test") for r in read_records(open_prepared(data_dir).shards(split))]
     assert len(records) == len(image_of) > 10
     for record in records:
         gray = load_gray(image_of[record["record_id"].split(":")[1]])

@@ -85,7 +85,7 @@ def collections(tmp_path_factory):
 def prepared(collections, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("prepared") / "data"
     lines: list[str] = []
-    manifest = prepare(config(data_dir, collections["sources"]), log=lines.append)
+    manifest = prepare(config(data_dir, collections["sources"]), log=lines.append).to_json()
     return data_dir, manifest, lines
 
 
@@ -216,19 +216,19 @@ def test_rerun_is_idempotent_and_a_killed_run_resumes_to_identical_shards(collec
     assert any(p.suffix == ".tfrecord" for p in (data_dir / "shards").iterdir())
     assert not (data_dir / "manifest.json").exists()
 
-    resumed = prepare(config(data_dir, sources))
+    resumed = prepare(config(data_dir, sources)).to_json()
     assert sum(decodes.values()) == first_decodes  # nothing decoded twice
     assert 0 < resumed["shards_reused"] < len(resumed["shards"])
     assert resumed["shards"] == reference["shards"]  # same files, same bytes as an uninterrupted run
 
-    again = prepare(config(data_dir, sources))
+    again = prepare(config(data_dir, sources)).to_json()
     assert again["shards_reused"] == len(again["shards"]) and again["shards"] == reference["shards"]
 
     changed = Path(sources["covid-chestxray"]["from_path"]) / "images" / "2c35005f.jpg"
     original = changed.read_bytes()
     try:
         write_image(changed, seed=424242)
-        updated = prepare(config(data_dir, sources))
+        updated = prepare(config(data_dir, sources)).to_json()
         assert sum(decodes.values()) == first_decodes + 1  # only the changed file
         changed_shards = [
             a["file"] for a, b in zip(updated["shards"], reference["shards"]) if a["sha256"] != b["sha256"]
@@ -241,7 +241,9 @@ def test_rerun_is_idempotent_and_a_killed_run_resumes_to_identical_shards(collec
 def test_chest4_keeps_only_known_causes_and_oct_is_its_own_task(collections, tmp_path):
     sources = {k: collections["sources"][k] for k in ("covid-chestxray", "covid19-talo")}
     # every image in train: the fixture has a single bacterial image, which a val or test split would take from train
-    manifest = prepare(config(tmp_path / "chest4", sources, task="chest4", val_fraction=0.0, test_fraction=0.0))
+    manifest = prepare(
+        config(tmp_path / "chest4", sources, task="chest4", val_fraction=0.0, test_fraction=0.0)
+    ).to_json()
     assert manifest["labels"] == ["normal", "bacterial", "viral", "covid-19"]
     assert manifest["dropped"]["covid19-talo: label 'pneumonia' not in task chest4"] == 4
     assert manifest["dropped"]["covid-chestxray: label 'pneumonia/fungal' not in task chest4"] == 1
@@ -260,7 +262,7 @@ def test_chest4_keeps_only_known_causes_and_oct_is_its_own_task(collections, tmp
             val_fraction=0.0,  # a handful of patients: any val or test split would leave a class without training images
             test_fraction=0.0,
         )
-    )
+    ).to_json()
     assert manifest["labels"] == ["cnv", "dme", "drusen", "normal"]
     assert sum(i["records"] for i in manifest["splits"].values()) == len(oct_.labels)
 

@@ -439,13 +439,13 @@ def test_colour_photo_and_missing_and_tiny_files_are_refused(tmp_path):
 
 def test_predict_input_equals_the_training_shard_pixels(synthetic_data):
     from covidxray.data.tfrecord import read_records
-    from covidxray.manifest import load_manifest, shard_paths
+    from covidxray.manifest import open_prepared
 
-    size = int(load_manifest(synthetic_data)["image_size"])
+    size = open_prepared(synthetic_data).manifest.image_size
     with open(synthetic_data / "splits.csv", newline="") as handle:
         files = {(row["patient_id"], row["image"].rsplit("/", 1)[-1]): row["image"] for row in csv.DictReader(handle)}
     checked = 0
-    for record in read_records(shard_paths(synthetic_data, "test")[:1]):
+    for record in read_records(open_prepared(synthetic_data).shards("test")[:1]):
         _source, rest = record["record_id"].split(":", 1)  # "<source>:<file name>:<patient id>"
         name, patient = rest.split(":", 1)
         raw = files[(patient, name)]

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from covidxray.config import Config, ConfigError, load_config, parse_override
 from covidxray.errors import UserError
-from covidxray.manifest import SHARD_DIR, check_model_matches, load_manifest, seal, shard_paths, shard_problems
+from covidxray.manifest import SHARD_DIR, check_model_matches, open_prepared, seal, shard_problems
 from covidxray.records import Dropped, Record
+from covidxray.run_folder import ModelCard
 from covidxray.sources.covid_chestxray import CovidChestXraySource
 from covidxray.sources.layout import within
 
@@ -167,17 +168,18 @@ def a_manifest() -> dict:
 def use_manifest(data_dir: Path) -> None:
     """Load it as train, evaluate and doctor do; every answer a value or a UserError."""
     try:
-        manifest = load_manifest(data_dir)
+        data = open_prepared(data_dir)
     except UserError:
         return
+    manifest = data.manifest
     for split in ("train", "val", "test"):
-        for path in shard_paths(data_dir, split):
+        for path in data.shards(split):
             assert path.parent == data_dir / SHARD_DIR  # a name in the manifest never reaches outside shards/
-        assert int(manifest["splits"][split]["records"]) >= 0
-        assert all(int(n) >= 0 for n in manifest["splits"][split]["classes"].values())
-    shard_problems(data_dir, manifest)
+        assert isinstance(manifest.splits[split].records, int) and manifest.splits[split].records >= 0
+        assert all(isinstance(n, int) and n >= 0 for n in manifest.splits[split].classes.values())
+    shard_problems(data)
     try:
-        check_model_matches({"labels": ["normal", "pneumonia"], "image_size": 64}, data_dir)
+        check_model_matches(ModelCard(labels=["normal", "pneumonia"], image_size=64), data)
     except UserError:
         pass
 

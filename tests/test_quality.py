@@ -56,6 +56,7 @@ def trained_test_predictions(data_dir: Path, run_dir: Path, model: str, *sets: s
     """`covidxray train` of `model` for 6 epochs at batch 16, then its saved model's test-split probabilities and labels."""
     import tensorflow as tf
 
+    from covidxray.manifest import open_prepared
     from covidxray.train.evaluate import predict_split
 
     overrides = [arg for s in sets for arg in ("--set", s)]
@@ -68,7 +69,7 @@ def trained_test_predictions(data_dir: Path, run_dir: Path, model: str, *sets: s
     log = json.loads((run_dir / "train_log.json").read_text())
     assert "collapsed_epochs" in log and log["best"]["val_predicted_classes"] == 2
     saved = tf.keras.models.load_model(run_dir / "model.keras", compile=False)
-    return predict_split(saved, data_dir, "test", 96, 2)
+    return predict_split(saved, open_prepared(data_dir), "test", 96, 2)
 
 
 @pytest.fixture(scope="module")

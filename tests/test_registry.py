@@ -96,7 +96,7 @@ def test_a_registered_task_works_end_to_end_through_prepare(tmp_path, monkeypatc
             }
         ],
     )
-    manifest = prepare(config.data, log=lambda _message: None)
+    manifest = prepare(config.data, log=lambda _message: None).to_json()
     assert manifest["task"] == "covid_vs_rest" and manifest["labels"] == ["other", "covid-19"]
     assert sum(manifest["splits"][split]["classes"]["covid-19"] for split in manifest["splits"]) > 0
 

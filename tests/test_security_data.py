@@ -31,7 +31,7 @@ from covidxray.config import ConfigError, load_config, parse_override
 from covidxray.data.prepare import prepare
 from covidxray.errors import UserError
 from covidxray.files import sha256_file
-from covidxray.manifest import SPLIT_TABLE, TABLE_SHA256, TABLES, load_manifest, seal
+from covidxray.manifest import SPLIT_TABLE, TABLE_SHA256, TABLES, open_prepared, seal
 from covidxray.sources.archive import ExtractLimits, extract
 from covidxray.sources.layout import BROKEN_LINK, OUTSIDE
 
@@ -110,7 +110,7 @@ def test_metadata_paths_that_leave_the_collection_are_dropped_with_their_row_and
         "covid-chestxray": {"from_path": str(layout.root)},
         "covid19-talo": {"from_path": str(build_talo(tmp_path / "talo").root)},
     }
-    manifest = prepare(prepare_config(data_dir, sources), log=lambda _: None)
+    manifest = prepare(prepare_config(data_dir, sources), log=lambda _: None).to_json()
     kept = (data_dir / SPLIT_TABLE).read_text()
     assert str(outside) not in kept and "passwd" not in kept and "secret.png" not in kept
     with open(data_dir / "dropped.csv", newline="") as handle:
@@ -136,7 +136,7 @@ def test_every_adapter_is_held_to_the_collection_folder(talo, tmp_path, monkeypa
         yield Record(image=outside, label="normal", patient_id="covid19-talo:x", source="covid19-talo")
 
     monkeypatch.setattr(CovidTaloSource, "records", leaky)
-    manifest = prepare(talo_config(tmp_path / "data", talo), log=lambda _: None)
+    manifest = prepare(talo_config(tmp_path / "data", talo), log=lambda _: None).to_json()
     assert manifest["dropped"][f"covid19-talo: {OUTSIDE}"] == 1
     assert "00004444" not in (tmp_path / "data" / SPLIT_TABLE).read_text()
 
@@ -150,7 +150,7 @@ def test_broken_and_self_loop_links_are_listed_like_other_unusable_files(talo, t
     os.symlink("/nonexistent/x.png", folder / "00009001_000.png")
     os.symlink("00001280_004.png", folder / "00009002_000.png")  # a good link: followed, then an exact copy
     data_dir = tmp_path / "data"
-    manifest = prepare(talo_config(data_dir, talo), log=lambda _: None)
+    manifest = prepare(talo_config(data_dir, talo), log=lambda _: None).to_json()
     with open(data_dir / "dropped.csv", newline="") as handle:
         broken = sorted(Path(r["where"]).name for r in csv.DictReader(handle) if r["reason"] == BROKEN_LINK)
     assert broken == ["00009000_000.png", "00009001_000.png"]
@@ -225,13 +225,13 @@ def test_a_class_without_images_is_named_by_prepare_and_stops_train(tmp_path, sy
     said = []
     prepare(prepare_config(tmp_path / "d", {"chest-xray-pneumonia": {"from_path": str(kaggle)}}), log=said.append)
     assert any(re.search(r"warning: .*no 'covid-19' image for task chest3 .*--task pneumonia", line) for line in said)
-    assert load_manifest(tmp_path / "d")["splits"]["train"]["classes"]["covid-19"] == 0
+    assert open_prepared(tmp_path / "d").manifest.splits["train"].classes["covid-19"] == 0
     result = run_cli("train", "--data-dir", str(tmp_path / "d"), "--run-dir", str(tmp_path / "r0"), "--epochs", "1")
     assert "train split has no 'covid-19' image for task chest3" in clear_error(result)
 
     data_dir = tmp_path / "no-covid"
     shutil.copytree(synthetic_data, data_dir)
-    manifest = load_manifest(data_dir)
+    manifest = open_prepared(data_dir).manifest.to_json()
     manifest["splits"]["train"]["classes"]["covid-19"] = 0  # as a prepare of an older covidxray wrote it
     (data_dir / "manifest.json").write_text(json.dumps(seal({k: v for k, v in manifest.items() if k != "checksum"})))
     result = run_cli("train", "--data-dir", str(data_dir), "--run-dir", str(tmp_path / "r"), "--epochs", "1")
@@ -283,10 +283,10 @@ def test_resume_without_the_recorded_inputs_refuses_unless_forced(synthetic_data
     (run_dir / "checkpoints" / "epoch-0002-abcd").mkdir(parents=True)
     write_latest(run_dir, {"epoch": 2, "path": "epoch-0002-abcd"})
     config = load_config(None, [{"data": {"data_dir": str(synthetic_data)}, "train": {"run_dir": str(run_dir)}}])
-    manifest = load_manifest(synthetic_data)
+    data = open_prepared(synthetic_data)
     with pytest.raises(UserError, match=r"run_inputs.json is missing, .* --resume --force"):
-        check_before_training(World(), config, synthetic_data, manifest, resume=True, force=False, say=print)
-    with check_before_training(World(), config, synthetic_data, manifest, resume=True, force=True, say=print):
+        check_before_training(World(), config, data, {}, resume=True, force=False, say=print)
+    with check_before_training(World(), config, data, {}, resume=True, force=True, say=print):
         assert (run_dir / "run_inputs.json").is_file()  # recorded now, for the next resume
 
 
@@ -337,7 +337,7 @@ def test_a_password_in_a_mirror_url_is_used_and_never_shown(talo, tmp_path):
     shown = [*said, result.stdout, result.stderr]
     written = [p.read_bytes() for p in data_dir.rglob("*") if p.is_file() and p.suffix in (".json", ".csv", ".yaml")]
     assert not any("SECRETPASS5" in text for text in shown) and not any(b"SECRETPASS5" in b for b in written)
-    assert load_manifest(data_dir)["data_config"]["sources"]["covid19-talo"]["url"].startswith("http://***@")
+    assert open_prepared(data_dir).manifest.data_config["sources"]["covid19-talo"]["url"].startswith("http://***@")
 
 
 # ------------------------------------------------------------------ 1.8, 4.3: archives
@@ -375,7 +375,7 @@ def test_a_full_disk_during_extraction_names_the_folder_it_unpacks_into(talo, tm
 
 def tables_agree(data_dir: Path) -> None:
     """splits.csv, dropped.csv and duplicates.csv are the ones the live manifest records, and splits.csv holds its split."""
-    manifest = load_manifest(data_dir)
+    manifest = open_prepared(data_dir).manifest.to_json()
     assert {name: sha256_file(data_dir / name) for name in TABLES} == manifest[TABLE_SHA256]
     with open(data_dir / SPLIT_TABLE, newline="") as handle:
         per_split = Counter(row["split"] for row in csv.DictReader(handle))
@@ -391,7 +391,7 @@ def test_a_disk_full_at_any_write_after_the_shards_leaves_tables_and_manifest_in
     import builtins
 
     data_dir = tmp_path / "data"
-    reference = prepare(talo_config(data_dir, talo), log=lambda _: None)
+    reference = prepare(talo_config(data_dir, talo), log=lambda _: None).to_json()
     tables_agree(data_dir)
     real_open = builtins.open
 
@@ -404,7 +404,7 @@ def test_a_disk_full_at_any_write_after_the_shards_leaves_tables_and_manifest_in
     with pytest.raises(UserError, match="No space left on device.*previous data set there, if any, is untouched"):
         prepare(talo_config(data_dir, talo, records_per_shard=3, seed=5), log=lambda _: None)
     monkeypatch.setattr(builtins, "open", real_open)
-    assert load_manifest(data_dir) == reference
+    assert open_prepared(data_dir).manifest.to_json() == reference
     tables_agree(data_dir)
     assert not list(data_dir.glob("*.partial"))
     prepare(talo_config(data_dir, talo, records_per_shard=3, seed=5), log=lambda _: None)
@@ -448,7 +448,7 @@ def test_audit_that_cannot_read_every_image_fails_with_the_count(talo, tmp_path,
     from covidxray.data.audit import audit
 
     data_dir = tmp_path / "data"
-    manifest = prepare(talo_config(data_dir, talo), log=lambda _: None)
+    manifest = prepare(talo_config(data_dir, talo), log=lambda _: None).to_json()
     with open(data_dir / SPLIT_TABLE, newline="") as handle:
         rows = list(csv.reader(handle))
     for row in rows[1:]:
@@ -480,7 +480,7 @@ def test_doctor_names_a_damaged_shard_instead_of_blaming_memory(talo, tmp_path):
     from covidxray.doctor import diagnose
 
     data_dir = tmp_path / "data"
-    manifest = prepare(talo_config(data_dir, talo), log=lambda _: None)
+    manifest = prepare(talo_config(data_dir, talo), log=lambda _: None).to_json()
     shard = data_dir / "shards" / next(s["file"] for s in manifest["shards"] if s["split"] == "train")
     with open(shard, "r+b") as handle:
         handle.truncate(200)

@@ -325,7 +325,7 @@ def test_n9_a_reader_between_the_two_renames_reads_the_pair_again(exported_run, 
 
     monkeypatch.setattr(litert.time, "sleep", second_rename)
     classifier = litert.TFLiteClassifier(model)
-    assert sleeps == [litert.PAIR_RETRY_S] and classifier.card["parity"] == {"new export": True}
+    assert sleeps == [litert.PAIR_RETRY_S] and classifier.card.parity == {"new export": True}
 
 
 def test_a_normal_export_writes_a_bound_pair_and_no_leftovers(exported_run):

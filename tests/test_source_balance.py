@@ -7,6 +7,7 @@ import pytest
 from sklearn.utils.class_weight import compute_class_weight
 
 from covidxray.config import ConfigError, load_config
+from covidxray.manifest import Manifest, SplitSummary
 
 LABELS = ["normal", "pneumonia", "covid-19"]
 SOURCE_CLASSES = {
@@ -16,16 +17,10 @@ SOURCE_CLASSES = {
 }
 
 
-def _manifest(source_classes: dict) -> dict:
-    return {
-        "labels": LABELS,
-        "splits": {
-            "train": {
-                "sources": {s: sum(c.values()) for s, c in source_classes.items()},
-                "source_classes": source_classes,
-            }
-        },
-    }
+def _manifest(source_classes: dict) -> Manifest:
+    sources = {s: sum(c.values()) for s, c in source_classes.items()}
+    train = SplitSummary(records=sum(sources.values()), sources=sources, source_classes=source_classes)
+    return Manifest(task="chest3", labels=LABELS, image_size=64, splits={"train": train})
 
 
 def test_class_weights_within_each_source_are_sklearns_balanced_weights():

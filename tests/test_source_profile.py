@@ -12,6 +12,7 @@ from sklearn.covariance import LedoitWolf
 
 from covidxray.edge.source_profile import SourceProfile, from_card
 from covidxray.export.source_profile import fit
+from covidxray.sidecar import Sidecar
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +68,11 @@ def test_the_sidecar_entry_round_trips_and_damage_is_named(two_sources):
     (train, train_sources), (val, val_sources), _, _ = two_sources
     profile = fit(train, train_sources, val, val_sources, margin=1.0)
     entry = json.loads(json.dumps(profile.to_sidecar({"margin": 1.0})))
-    again = from_card({"source_profile": entry})
+    again = from_card(Sidecar(labels=["a", "b"], image_size=64, source_profile=entry))
     np.testing.assert_allclose(again.ratios(val), profile.ratios(val), rtol=1e-5)  # float32 in the sidecar
-    assert from_card({}) is None
+    assert from_card(Sidecar(labels=["a", "b"], image_size=64)) is None
     with pytest.raises(ValueError, match="source-profile section is damaged"):
-        from_card({"source_profile": {**entry, "limits": [1.0]}})
+        from_card(Sidecar(labels=["a", "b"], image_size=64, source_profile={**entry, "limits": [1.0]}))
     with pytest.raises(ValueError, match=r"limits \[0.0, 1.0\]"):  # a zero limit would divide by zero
         SourceProfile.from_sidecar({**entry, "limits": [0.0, 1.0]})
 
@@ -79,7 +80,7 @@ def test_the_sidecar_entry_round_trips_and_damage_is_named(two_sources):
 @pytest.mark.slow
 def test_predict_warns_beside_the_answer_never_instead_of_it(exported_run, synthetic_data, tmp_path):
     from covidxray.data.tfrecord import read_records
-    from covidxray.manifest import shard_paths
+    from covidxray.manifest import open_prepared
 
     run_dir = tmp_path / "run"
     shutil.copytree(exported_run, run_dir, ignore=shutil.ignore_patterns("checkpoints", "saved_model"))
@@ -89,7 +90,7 @@ def test_predict_warns_beside_the_answer_never_instead_of_it(exported_run, synth
     import cv2
 
     image = tmp_path / "film.png"
-    cv2.imwrite(str(image), next(iter(read_records(shard_paths(synthetic_data, "test"))))["image"])
+    cv2.imwrite(str(image), next(iter(read_records(open_prepared(synthetic_data).shards("test"))))["image"])
 
     def predict():
         result = run_cli("predict", str(image), "--model", str(run_dir), "--json")

@@ -15,7 +15,8 @@ import pytest
 from conftest import covidxray_cmd, run_cli
 from test_tensorboard import assert_board_matches_log
 
-from covidxray.manifest import shard_paths
+from covidxray.manifest import open_prepared
+from covidxray.run_folder import ModelCard
 from covidxray.train.input import assign_shards, rank_records
 
 
@@ -39,7 +40,7 @@ def test_file_level_shards_are_disjoint_and_cover_every_file():
 @pytest.mark.parametrize("training", [False, True])
 def test_record_level_fallback_splits_records_disjointly(synthetic_data, training):
     """More ranks than files: every rank reads all files in one shared order and keeps every size-th record."""
-    paths = shard_paths(synthetic_data, "val")
+    paths = open_prepared(synthetic_data).shards("val")
     size = len(paths) + 1
     everything = _record_ids(rank_records(assign_shards(paths, 0, 1), 0, 1, False, seed=0))
     per_rank = []
@@ -125,7 +126,7 @@ def test_each_epoch_end_checkpoints_the_best_and_early_stopping_state_it_decided
         header={"steps_per_epoch": 1},
         images_per_epoch=16,
         checkpoint=checkpoint,
-        card={"model": "two-feature"},
+        card=ModelCard(labels=["a", "b"], image_size=64, model="two-feature"),
         say=said.append,
     )
     end_of_epoch.set_model(model)

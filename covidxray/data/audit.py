@@ -31,7 +31,7 @@ from covidxray.data import dedup
 from covidxray.data.image_cache import ImageCache, cache_path
 from covidxray.errors import UserError
 from covidxray.files import sha256_file
-from covidxray.manifest import MANIFEST, SPLIT_TABLE, TABLE_SHA256, load_manifest
+from covidxray.manifest import MANIFEST, SPLIT_TABLE, open_prepared
 from covidxray.records import Record
 from covidxray.sources import covid19_talo, zhanglab
 from covidxray.sources.layout import is_junk, list_images, subdirs, unreadable
@@ -87,7 +87,7 @@ def _tree_records(root: Path) -> list[Record]:
     splits = subdirs(root)
     if len(splits) < 2:
         raise UserError(
-            f"{root}: neither a prepared data set (no splits.csv) nor a tree with one split per top-level folder (found {len(splits)} folder(s))"
+            f"{root}: neither a prepared data set (no {SPLIT_TABLE}) nor a tree with one split per top-level folder (found {len(splits)} folder(s))"
         )
 
     def refuse(err: OSError) -> None:  # os.walk would skip an unreadable folder without a word
@@ -106,7 +106,7 @@ def _tree_records(root: Path) -> list[Record]:
 def _prepared_records(data_dir: Path) -> tuple[list[Record], dict[tuple[str, str], str]]:
     table = data_dir / SPLIT_TABLE
     if (data_dir / MANIFEST).is_file():
-        recorded = load_manifest(data_dir).get(TABLE_SHA256, {}).get(SPLIT_TABLE)
+        recorded = open_prepared(data_dir).manifest.table_sha256.get(SPLIT_TABLE)
         if recorded is not None and recorded != sha256_file(table):
             raise UserError(
                 f"{table} is not the one {data_dir / MANIFEST} records (prepare was stopped right after switching the "
@@ -118,7 +118,9 @@ def _prepared_records(data_dir: Path) -> tuple[list[Record], dict[tuple[str, str
             reader = csv.DictReader(handle)
             missing = [c for c in SPLIT_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
-                raise UserError(f"{table} has no column(s) {', '.join(missing)}; it is not a splits.csv prepare wrote")
+                raise UserError(
+                    f"{table} has no column(s) {', '.join(missing)}; it is not a {SPLIT_TABLE} prepare wrote"
+                )
             for row in reader:
                 if any(row.get(c) is None for c in SPLIT_COLUMNS):
                     raise UserError(f"{table} line {reader.line_num}: fewer fields than the header names")

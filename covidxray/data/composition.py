@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from covidxray.manifest import Manifest
+
 # What sets each public source apart besides the disease: the shortcut a model can learn instead.
 SOURCE_TRAITS = {
     "chest-xray-pneumonia": "children aged 1-5 from one hospital in Guangzhou",
@@ -74,16 +76,16 @@ def composition(splits: dict[str, dict], classes: list[str], share: float) -> di
     }
 
 
-def table_lines(manifest: dict) -> list[str]:
+def table_lines(manifest: Manifest) -> list[str]:
     """The source x class table of every split, as aligned text lines for the console."""
-    classes = manifest["labels"]
-    sources = sorted({s for info in manifest["splits"].values() for s in info["source_classes"]})
+    classes = manifest.labels
+    sources = sorted({s for info in manifest.splits.values() for s in info.source_classes})
     width = max([len(s) for s in sources] + [6])
     columns = [max(len(c), 6) for c in classes]
     header = f"{'split':5s} {'source':{width}s} " + " ".join(f"{c:>{w}s}" for c, w in zip(classes, columns))
     lines = ["images per source and class:", header]
-    for split, info in manifest["splits"].items():
-        for source, counts in info["source_classes"].items():
+    for split, info in manifest.splits.items():
+        for source, counts in info.source_classes.items():
             lines.append(
                 f"{split:5s} {source:{width}s} " + " ".join(f"{counts[c]:{w}d}" for c, w in zip(classes, columns))
             )

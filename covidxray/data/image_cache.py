@@ -61,6 +61,7 @@ from covidxray.edge import preprocess, radiograph_gate
 from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.errors import UserError
 from covidxray.files import sha256_file
+from covidxray.manifest import CACHE_DIR
 
 if TYPE_CHECKING:
     from multiprocessing.queues import SimpleQueue
@@ -106,7 +107,7 @@ def cache_path(data_dir: Path, image_size: int, harmonise: str = harmonise_metho
     # the stored PNGs are harmonised; a cache of unharmonised pixels keeps its name
     definition = json.dumps(versions + ([harmonise] if harmonise != harmonise_method.NONE else []), sort_keys=True)
     tag = hashlib.sha256(definition.encode()).hexdigest()[:12]
-    return Path(data_dir) / "cache" / f"decoded-{image_size}px-{tag}.sqlite"
+    return Path(data_dir) / CACHE_DIR / f"decoded-{image_size}px-{tag}.sqlite"
 
 
 def workers_of(config: DataConfig) -> int:

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from covidxray.errors import UserError
 from covidxray.registry import Registry
 
+# class -> images: a manifest's split summary, or a Counter of class_of(label) (None for a label of no class)
+ClassCounts = Mapping[str, int] | Mapping[str | None, int]
+
 
 @dataclass(frozen=True)
 class Task:
@@ -68,7 +71,7 @@ def get_task(name: str) -> Task:
     return TASKS.get(name)
 
 
-def missing_classes(task: Task, counts: Mapping[str | None, int], where: str) -> str | None:
+def missing_classes(task: Task, counts: ClassCounts, where: str) -> str | None:
     """What is wrong when a class of `task` has no image in `counts` (class -> images), and what to do; None if none."""
     missing = [c for c in task.classes if not counts.get(c)]
     if not missing:
@@ -84,7 +87,7 @@ def missing_classes(task: Task, counts: Mapping[str | None, int], where: str) ->
     )
 
 
-def require_every_class(task: Task, counts: Mapping[str | None, int], where: str) -> None:
+def require_every_class(task: Task, counts: ClassCounts, where: str) -> None:
     """UserError when a class of `task` has no image in `counts`: a model with an output it never saw trained
     would still print a probability for it."""
     message = missing_classes(task, counts, where)

@@ -45,10 +45,12 @@ from covidxray.files import atomic_write, discard, output_folder, publish, sha25
 from covidxray.manifest import (
     DROPPED_TABLE,
     DUPLICATE_TABLE,
+    RAW_DIR,
     SHARD_DIR,
     SPLIT_TABLE,
     TABLE_SHA256,
-    load_manifest,
+    Manifest,
+    open_prepared,
     write_manifest,
 )
 from covidxray.records import Dropped, Record
@@ -293,7 +295,7 @@ def _warn_of_missing_classes(task: Task, records: list[Record], where: str, log:
     return message is not None
 
 
-def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[[str], None] = print) -> dict:
+def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[[str], None] = print) -> Manifest:
     """Run the whole preparation; returns the manifest it wrote."""
     started = time.time()
     task = get_task(config.task)
@@ -313,7 +315,7 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
     out = output_folder(config.data_dir, "--data-dir")
     shard_dir = output_folder(out / SHARD_DIR, "--data-dir")
 
-    collected = collect_records(config, task, out / "raw")
+    collected = collect_records(config, task, out / RAW_DIR)
     dropped = collected.dropped
     for line in override_hint(dropped):
         log(line)
@@ -390,14 +392,16 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
                     reused += 1
                     progress(len(chunk))
                 receipts.append(receipt)
-            manifest = build_manifest(config, task, splits, receipts, dropped, deduped, collected.sources)
-            manifest["shards_reused"] = reused
-            manifest["split"] = split_report
+            content = build_manifest(config, task, splits, receipts, dropped, deduped, collected.sources)
             staged = stage_tables(out, task, splits, dropped, deduped.duplicates)
-            manifest[TABLE_SHA256] = {name: sha256_file(path) for name, path in staged.items()}
-            manifest["seconds"] = round(time.time() - started, 2)
+            content |= {
+                "shards_reused": reused,
+                "split": split_report,
+                TABLE_SHA256: {name: sha256_file(path) for name, path in staged.items()},
+                "seconds": round(time.time() - started, 2),
+            }
             previous = _listed_shards(out)
-            manifest = write_manifest(out, manifest)  # the switch: from here on this is the data set
+            manifest = write_manifest(out, content)  # the switch: from here on this is the data set
         except OSError as err:  # out of disk, most often
             for path in staged.values():
                 discard(path)
@@ -408,14 +412,14 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
 
     for name, path in staged.items():  # renames within the folder: no new space needed
         publish(path, out / name)
-    _remove_unlisted_shards(shard_dir, {s["file"] for s in manifest["shards"]} | previous)
+    _remove_unlisted_shards(shard_dir, {s.file for s in manifest.shards} | previous)
     return manifest
 
 
 def _listed_shards(data_dir: Path) -> set[str]:
     """Shard files the current manifest lists (a reader may be using them); none when it is absent or damaged."""
     try:
-        return {s["file"] for s in load_manifest(data_dir)["shards"]}
+        return {s.file for s in open_prepared(data_dir).manifest.shards}
     except UserError:
         return set()
 

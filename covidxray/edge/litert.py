@@ -1,13 +1,13 @@
 """A TFLite model plus its sidecar, run with the LiteRT interpreter.
 
 This is what runs on a Pi: it imports `ai_edge_litert` and numpy, never
-TensorFlow. The sidecar JSON beside each .tflite carries labels, input size,
-preprocessing, the training manifest hash, the temperature, the
+TensorFlow. The sidecar JSON beside each .tflite (covidxray/sidecar.py) carries labels, input size,
+preprocessing, the training data set's id, the temperature, the
 out-of-distribution fit and the chest-layout fit, so a model file and its sidecar are all `predict`
 needs. The pair is checked before any probability is shown: the sidecar
 belongs to this very model and was not edited since export
-(covidxray/edge/model_binding.py), and its entries fit the model and are
-complete, finite numbers: a mislabelled probability or a silently disabled
+(covidxray/edge/model_binding.py), its entries are complete and of their types (covidxray/sidecar.py), and
+they fit the model's shapes with gate fits of finite numbers: a mislabelled probability or a silently disabled
 gate is worse than no answer.
 """
 
@@ -18,6 +18,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -30,66 +31,42 @@ from covidxray.edge.orientation import OrientationModel
 from covidxray.errors import UserError
 from covidxray.files import partial_path
 from covidxray.run_folder import sidecar_path
+from covidxray.sidecar import REQUIRED_KEYS, Sidecar, SidecarError, read_sidecar
 
 EMBEDDING_OUTPUT = "embedding"  # the second output's signature name (covidxray/export/tflite.py)
 CLASS_MAPS_OUTPUT = "class_maps"  # optional third: Grad-CAM's maps of every class (covidxray/edge/class_maps.py)
-# Every entry predict's answer depends on: without `ood` or `layout` a gate check would be silently off.
-REQUIRED_KEYS = ("labels", "image_size", "temperature", "ood", "layout", "orientation")
 PAIR_READS, PAIR_RETRY_S = 3, 0.5  # a pair read between export's two renames matches when read again
 
 
-def _sidecar_problem(
-    card: dict, num_classes: int, input_shape: list[int], embedding_dim: int | None, required=REQUIRED_KEYS
-) -> str | None:
-    """What makes `card` unusable with this model, or None. Checked before any probability is shown."""
-    missing = [key for key in required if key not in card]
-    if missing:
-        gate = (
-            " (without it a check of the input gate would be off)"
-            if {"ood", "layout", "orientation"} & set(missing)
-            else ""
-        )
-        return f"lacks {', '.join(missing)}{gate}"
-    labels, size = card["labels"], card["image_size"]
-    if (
-        not isinstance(labels, list)
-        or not labels
-        or not all(isinstance(x, str) and x for x in labels)
-        or len(set(labels)) != len(labels)
-    ):
-        return f"labels must be a list of distinct names, got {labels!r}"
-    if len(labels) != num_classes:
-        return f"lists {len(labels)} labels ({', '.join(labels)}) but the model has {num_classes} outputs"
-    if isinstance(size, bool) or not isinstance(size, int) or [1, size, size, 1] != input_shape:
-        return f"says image_size {size!r} but the model takes input {input_shape}"
-    temperature = card.get("temperature", {"value": 1.0})  # only export's own card lacks it, before its fit
-    value = temperature.get("value") if isinstance(temperature, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
-        return f"temperature must be an object with a positive value, got {temperature!r}"
-    if "ood" not in card:
+def _shape_problem(card: Sidecar, num_classes: int, input_shape: list[int], embedding_dim: int | None) -> str | None:
+    """What makes the (loaded) sidecar unfit for this model's shapes, or its gate fits unusable; None if nothing."""
+    if len(card.labels) != num_classes:
+        return f"lists {len(card.labels)} labels ({', '.join(card.labels)}) but the model has {num_classes} outputs"
+    if [1, card.image_size, card.image_size, 1] != input_shape:
+        return f"says image_size {card.image_size!r} but the model takes input {input_shape}"
+    if card.ood is None:
         return None  # export, before its fits
-    ood = card["ood"]
     if embedding_dim is None:
         return "has an out-of-distribution section but the model has no `embedding` output"
     try:
-        OodModel.from_sidecar(ood)
-        dim, classes = int(ood["dim"]), int(ood["classes"])
+        OodModel.from_sidecar(card.ood)
+        dim, classes = int(card.ood["dim"]), int(card.ood["classes"])
     except (TypeError, KeyError, ValueError, AttributeError) as err:
         return f"out-of-distribution section is damaged ({type(err).__name__}: {err})"
     if dim != embedding_dim or classes > num_classes:
         return f"out-of-distribution section is for {dim}-d embeddings and {classes} classes; the model gives {embedding_dim}-d and {num_classes}"
-    if "layout" not in card:
+    if card.layout is None:
         return None
     try:
-        LayoutModel.from_sidecar(card["layout"])
+        LayoutModel.from_sidecar(card.layout)
     except OtherVersion as err:
         return f"chest-layout section is {err}: export again with this covidxray (or predict with the one that exported it)"
     except (TypeError, KeyError, ValueError, AttributeError) as err:
         return f"chest-layout section is damaged ({type(err).__name__}: {err})"
-    if "orientation" not in card:
+    if card.orientation is None:
         return None
     try:
-        OrientationModel.from_sidecar(card["orientation"])
+        OrientationModel.from_sidecar(card.orientation)
     except (TypeError, KeyError, ValueError, AttributeError) as err:
         return f"orientation section is unusable ({type(err).__name__}: {err}): export again with this covidxray"
     return None
@@ -139,28 +116,25 @@ class TFLiteClassifier:
         self.embedding_output = outputs.get(EMBEDDING_OUTPUT)
         self.class_maps_output = outputs.get(CLASS_MAPS_OUTPUT)
         embedding_dim = int(self.embedding_output["shape"][-1]) if self.embedding_output else None
-        if not isinstance(sidecar, dict):
-            raise self._unusable(f"holds a JSON {type(sidecar).__name__}, not an object")
-        card = sidecar
-        problem = _sidecar_problem(
-            card,
-            int(self.output["shape"][-1]),
-            list(self.input["shape"]),
-            embedding_dim,
-            REQUIRED_KEYS if bound else ("labels", "image_size"),
-        )
+        try:
+            loaded = read_sidecar(sidecar, REQUIRED_KEYS if bound else ("labels", "image_size"))
+        except SidecarError as err:
+            raise self._unusable(str(err)) from None
+        problem = _shape_problem(loaded, int(self.output["shape"][-1]), list(self.input["shape"]), embedding_dim)
         if problem is None and self.class_maps_output is not None:
             problem = _class_maps_problem(list(self.class_maps_output["shape"]), int(self.output["shape"][-1]))
         if problem:
             raise self._unusable(problem)
-        self.card = card
-        self.labels: list[str] = card["labels"]
-        self.image_size: int = int(card["image_size"])
-        self.temperature = float(card.get("temperature", {}).get("value", 1.0))
-        # None only in export's hands, before it fits them: every sidecar predict reads has both (REQUIRED_KEYS)
-        self.ood = OodModel.from_sidecar(card["ood"]) if "ood" in card else None
-        self.layout = LayoutModel.from_sidecar(card["layout"]) if "layout" in card else None
-        self.orientation = OrientationModel.from_sidecar(card["orientation"]) if "orientation" in card else None
+        self.card: Sidecar = loaded
+        # of the sidecar as written (read_sidecar took it, so it is an object): what the model is bound to
+        self.sidecar_digest = sidecar_digest(cast(dict, sidecar))
+        self.labels: list[str] = loaded.labels
+        self.image_size: int = loaded.image_size
+        self.temperature = loaded.temperature_value
+        # None only in export's hands, before it fits them: every sidecar predict reads has them (REQUIRED_KEYS)
+        self.ood = None if loaded.ood is None else OodModel.from_sidecar(loaded.ood)
+        self.layout = None if loaded.layout is None else LayoutModel.from_sidecar(loaded.layout)
+        self.orientation = None if loaded.orientation is None else OrientationModel.from_sidecar(loaded.orientation)
 
     def twin(self) -> TFLiteClassifier:
         """This checked model with an interpreter of its own, for another thread (an interpreter is not

@@ -29,6 +29,7 @@ from covidxray.edge.preprocess import PREPROCESSING_VERSION, ImageError, as_mode
 from covidxray.edge.source_profile import SIDECAR_KEY, SourceProfile
 from covidxray.errors import UserError
 from covidxray.records import IMAGE_SUFFIXES
+from covidxray.sidecar import Sidecar
 
 # (source file, decoded gray image, model input, class index) -> written overlay
 Explainer = Callable[[Path, np.ndarray, np.ndarray, int], Path]
@@ -122,7 +123,7 @@ def predict_path(
     if not gate.passed:
         return _rejected(path, gate.reason, gate.score, gate.limit)
     ood, layout_fit, orientation_fit = classifier.gates()
-    image = as_model_input(gray, classifier.image_size, classifier.card.get("harmonise", harmonise.NONE))
+    image = as_model_input(gray, classifier.image_size, classifier.card.harmonise)
     orientation, probability, upright = orientation_fit.orientation(image)
     if orientation != "upright":
         return _rejected(path, orientation, probability, upright)
@@ -149,9 +150,9 @@ def predict_path(
     return result
 
 
-def preprocessing_mismatch(card: dict) -> str | None:
+def preprocessing_mismatch(card: Sidecar) -> str | None:
     """Why the model's training pixels may differ from this predictor's, or None when both use this preprocessing version."""
-    trained = card.get("preprocessing")
+    trained = card.preprocessing
     if trained == PREPROCESSING_VERSION:
         return None
     # Before numbered versions a card held a description of every step: made by other code than any version.
@@ -174,7 +175,7 @@ class Predictor:
             raise UserError(f"--threads {threads}: give 1 or more")
         self.classifier = TFLiteClassifier(model_path, threads)
         card = self.classifier.card
-        harmonise.check_method(card.get("harmonise", harmonise.NONE), f"{model_path}'s sidecar: harmonise")
+        harmonise.check_method(card.harmonise, f"{model_path}'s sidecar: harmonise")
         mismatch = preprocessing_mismatch(card)
         if mismatch:
             warn(f"{model_path} {mismatch}")

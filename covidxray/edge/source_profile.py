@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from covidxray.edge.sidecar_arrays import pack, unpack
+from covidxray.sidecar import Sidecar
 
 SIDECAR_KEY = "source_profile"
 METHOD = (
@@ -88,11 +89,11 @@ class SourceProfile:
         return cls(sources, unpack(entry["means"], (len(sources), dim)), unpack(entry["precision"], (dim, dim)), limits)
 
 
-def from_card(card: dict) -> SourceProfile | None:
+def from_card(card: Sidecar) -> SourceProfile | None:
     """The sidecar's profile, None for a sidecar exported without one; ValueError naming the damage."""
-    if SIDECAR_KEY not in card:
+    if card.source_profile is None:
         return None
     try:
-        return SourceProfile.from_sidecar(card[SIDECAR_KEY])
+        return SourceProfile.from_sidecar(card.source_profile)
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"source-profile section is damaged ({type(err).__name__}: {err})") from None

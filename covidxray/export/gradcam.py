@@ -91,7 +91,7 @@ def gradcam_for(out_dir: Path, keras_model: Path | None = None) -> Callable[[TFL
     """
 
     def make(classifier: TFLiteClassifier) -> GradCamWriter:
-        expected = classifier.card.get("keras_sha256")
+        expected = classifier.card.keras_sha256
         if not isinstance(expected, str):
             raise UserError(
                 f"the sidecar of {classifier.path} records no sha256 of the Keras model it was converted from (exported by an older covidxray): export again to use --explain"

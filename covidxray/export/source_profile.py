@@ -9,21 +9,19 @@ others (its train images alone would set a limit no held-back image tested).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from covidxray.data.tfrecord import read_records
 from covidxray.edge import ood
 from covidxray.edge.litert import TFLiteClassifier
 from covidxray.edge.source_profile import SIDECAR_KEY, SourceProfile
-from covidxray.manifest import shard_paths
+from covidxray.manifest import PreparedData
 
 
-def embeddings_by_source(classifier: TFLiteClassifier, data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+def embeddings_by_source(classifier: TFLiteClassifier, data: PreparedData, split: str) -> tuple[np.ndarray, np.ndarray]:
     """(embeddings, source names) of every image of `split`, through the interpreter."""
     embeddings, sources = [], []
-    for record in read_records(shard_paths(data_dir, split)):
+    for record in read_records(data.shards(split)):
         embeddings.append(classifier.infer(record["image"].astype(np.float32))[1])
         sources.append(record["source"])
     return np.array(embeddings), np.array(sources, dtype=object)
@@ -51,10 +49,10 @@ def fit(
     return profile
 
 
-def sidecar_entry(classifier: TFLiteClassifier, data_dir: Path, margin: float) -> dict:
+def sidecar_entry(classifier: TFLiteClassifier, data: PreparedData, margin: float) -> dict:
     """The sidecar's `source_profile` entry for the exported model in `classifier`."""
-    train_embeddings, train_sources = embeddings_by_source(classifier, data_dir, "train")
-    val_embeddings, val_sources = embeddings_by_source(classifier, data_dir, "val")
+    train_embeddings, train_sources = embeddings_by_source(classifier, data, "train")
+    val_embeddings, val_sources = embeddings_by_source(classifier, data, "val")
     profile = fit(train_embeddings, train_sources, val_embeddings, val_sources, margin)
     val_unlike = profile.unlike_every_source(val_embeddings)
     return profile.to_sidecar(

@@ -18,13 +18,14 @@ import itertools
 import json
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from covidxray.config import Config
+from covidxray.config import Config, ExportConfig
 from covidxray.data.tfrecord import read_records
 from covidxray.edge import chest_layout, ood, orientation
 from covidxray.edge.litert import TFLiteClassifier
@@ -39,42 +40,46 @@ from covidxray.export.formats import FORMATS, check_formats
 from covidxray.export.input_scaling import fold_input_scaling
 from covidxray.export.keras_file import load_keras_model
 from covidxray.files import atomic_path, sha256_file, signals_held
-from covidxray.manifest import check_model_matches, manifest_sha256, require_intact_shards, shard_paths
+from covidxray.manifest import PreparedData, check_model_matches, open_prepared, require_intact_shards
 from covidxray.run_folder import (
     CONVERTER_LOG,
     EXPORT_REPORT,
     MODEL_FILE,
     SAVED_MODEL_DIR,
+    ModelCard,
     read_model_card,
     sidecar_path,
     tflite_name,
     write_json,
 )
+from covidxray.sidecar import SIDECAR_VERSION
 
 SPLITS_READ = ("train", "val", "test")  # train: OOD and layout fits, int8 calibration; val: thresholds; test: parity
 
 
-def iter_split(data_dir: Path, split: str) -> Iterator[tuple[np.ndarray, int]]:
-    for record in read_records(shard_paths(data_dir, split)):
+def iter_split(data: PreparedData, split: str) -> Iterator[tuple[np.ndarray, int]]:
+    for record in read_records(data.shards(split)):
         yield record["image"].astype(np.float32), record["label"]
 
 
-def load_split(data_dir: Path, split: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def load_split(data: PreparedData, split: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     images, labels = [], []
-    for image, label in itertools.islice(iter_split(data_dir, split), limit):
+    for image, label in itertools.islice(iter_split(data, split), limit):
         images.append(image)
         labels.append(label)
     if not images:
         raise UserError(
-            f"{data_dir}: the {split} split is empty; export needs it (test for parity, train for int8 calibration)"
+            f"{data.path}: the {split} split is empty; export needs it (test for parity, train for int8 calibration)"
         )
     return np.stack(images), np.array(labels)
 
 
-def _run_split(classifier: TFLiteClassifier, data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _run_split(
+    classifier: TFLiteClassifier, data: PreparedData, split: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The model's own (uncalibrated) probabilities, embeddings and labels over a split, one image at a time."""
     probabilities, embeddings, labels = [], [], []
-    for image, label in iter_split(data_dir, split):
+    for image, label in iter_split(data, split):
         probs, embedding = classifier.infer(image)
         probabilities.append(probs)
         embeddings.append(embedding)
@@ -82,30 +87,30 @@ def _run_split(classifier: TFLiteClassifier, data_dir: Path, split: str) -> tupl
     return np.array(probabilities), np.array(embeddings), np.array(labels, dtype=np.int64)
 
 
-def fit_calibration_and_ood(classifier: TFLiteClassifier, data_dir: Path, margin: float) -> dict:
+def fit_calibration_and_ood(classifier: TFLiteClassifier, data: PreparedData, margin: float) -> dict:
     """Sidecar entries `temperature` (fitted on val) and `ood` (train statistics, threshold on val)."""
-    val_probs, val_embeddings, val_labels = _run_split(classifier, data_dir, "val")
+    val_probs, val_embeddings, val_labels = _run_split(classifier, data, "val")
     if not len(val_labels):
         raise UserError(
-            f"{data_dir}: the val split is empty; export fits the temperature and the out-of-distribution threshold on it (prepare with data.val_fraction > 0)"
+            f"{data.path}: the val split is empty; export fits the temperature and the out-of-distribution threshold on it (prepare with data.val_fraction > 0)"
         )
-    _, train_embeddings, train_labels = _run_split(classifier, data_dir, "train")
+    _, train_embeddings, train_labels = _run_split(classifier, data, "train")
     return {
         "temperature": calibration_summary(val_probs, val_labels, classifier.probability_floor),
         "ood": ood.fit_with_threshold(train_embeddings, train_labels, val_embeddings, len(classifier.labels), margin),
     }
 
 
-def fit_pixel_checks(data_dir: Path, manifest: dict, margin: float) -> dict:
+def fit_pixel_checks(data: PreparedData, margin: float) -> dict:
     """Sidecar entries `layout` (covidxray/edge/chest_layout.py: fitted on the train split's model inputs, threshold
     on val) and `orientation` (covidxray/edge/orientation.py: on at most orientation.MAX_FILMS train films, spread
     over the split). Pixels only, so one fit serves every format."""
-    train = (image for image, _ in iter_split(data_dir, "train"))  # streamed: the split never sits in memory whole
-    val = (image for image, _ in iter_split(data_dir, "val"))
+    train = (image for image, _ in iter_split(data, "train"))  # streamed: the split never sits in memory whole
+    val = (image for image, _ in iter_split(data, "val"))
     layout = chest_layout.fit_with_threshold(train, val, margin)
-    step = -(-manifest["splits"]["train"]["records"] // orientation.MAX_FILMS)
-    films = (image for i, (image, _) in enumerate(iter_split(data_dir, "train")) if i % step == 0)
-    val = (image for image, _ in iter_split(data_dir, "val"))
+    step = -(-data.manifest.splits["train"].records // orientation.MAX_FILMS)
+    films = (image for i, (image, _) in enumerate(iter_split(data, "train")) if i % step == 0)
+    val = (image for image, _ in iter_split(data, "val"))
     return {"layout": layout, "orientation": orientation.fit_entry(films, val)}
 
 
@@ -138,107 +143,49 @@ def write_model_pair(out: Path, flatbuffer: bytes, sidecar: dict) -> None:
         model_tmp.write_bytes(flatbuffer)
 
 
+@dataclass(frozen=True)
+class ExportSource:
+    """What every format's export starts from: the run's model card, its data set, the Keras model's SavedModel and
+    its own answers on the test split (the parity reference)."""
+
+    run_dir: Path
+    card: ModelCard
+    data: PreparedData
+    keras_sha256: str
+    saved_model: Path
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    keras_pred: np.ndarray
+    representative: np.ndarray | None
+
+    @property
+    def keras_accuracy(self) -> float:
+        return float((self.keras_pred == self.test_labels).mean())
+
+
 def export(config: Config, say: Callable[[str], None] = print) -> dict:
     """Write saved_model/, model-<fmt>.tflite + sidecar per format, the int8 C array and export_report.json."""
     formats = check_formats(config.export.formats)
-    run_dir, data_dir = Path(config.train.run_dir), Path(config.data.data_dir)
-    model_path = run_dir / MODEL_FILE
-    card = read_model_card(run_dir)
-    manifest, same_data = check_model_matches(card, data_dir)
-    require_intact_shards(data_dir, manifest, SPLITS_READ)
-    if not same_data:
-        say(
-            f"[yellow]warning[/]: {data_dir} is not the exact data set the model was trained on (manifest hash differs); its test split may overlap training images"
-        )
-    keras_sha256 = sha256_file(model_path)  # before loading: the sidecar names the very bytes that were converted
-    model = load_keras_model(model_path, keras_sha256, "the file just hashed (it changed during export)")
-    test_images, test_labels = load_split(data_dir, "test")
-    keras_pred = model.predict(test_images, batch_size=64, verbose=0).argmax(1)
-    representative = (
-        load_split(data_dir, "train", config.export.representative_samples)[0]
-        if any(FORMATS.get(f).needs_representative for f in formats)
-        else None
-    )
-    log = run_dir / CONVERTER_LOG
-    log.unlink(missing_ok=True)
-    with native_stderr_to(log):
-        saved_model = write_saved_model(served_model(fold_input_scaling(model)), run_dir)
-    say(f"SavedModel: {saved_model}")
-
+    run_dir = Path(config.train.run_dir)
+    card, data, same_data = _training_data(config, say)
+    source = _convert_source(run_dir, card, data, formats, config.export.representative_samples, say)
     report: dict[str, Any] = {
         "keras": {
             "file": MODEL_FILE,
-            "bytes": model_path.stat().st_size,
-            "accuracy": float((keras_pred == test_labels).mean()),
+            "bytes": (run_dir / MODEL_FILE).stat().st_size,
+            "accuracy": source.keras_accuracy,
         },
         "saved_model": SAVED_MODEL_DIR,
-        "test_images": len(test_labels),
-        "data_manifest_sha256": manifest_sha256(data_dir),
-        "training_manifest_sha256": card.get("manifest_sha256"),
+        "test_images": len(source.test_labels),
+        "dataset_id": data.dataset_id,
+        "data_is_training_data": same_data,
         "int8_min_agreement": config.export.int8_min_agreement,
     }
-    pixel_checks = None
+    pixel_checks: dict = {}  # pixels only: fitted with the first format, shared by the others
     for fmt in formats:
-        with native_stderr_to(log):
-            flatbuffer = convert(saved_model, fmt, representative)
-        out = run_dir / tflite_name(fmt)
-        sidecar = {**card, "format": fmt, "keras_model": MODEL_FILE, "keras_sha256": keras_sha256}
-        sidecar.update(
-            fit_calibration_and_ood(
-                TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar), data_dir, config.export.ood_margin
-            )
-        )
-        # after the val split was checked (fit_calibration_and_ood)
-        pixel_checks = pixel_checks or fit_pixel_checks(data_dir, manifest, config.export.layout_margin)
-        sidecar.update(pixel_checks)
-        sidecar[source_profile.SIDECAR_KEY] = source_profile.sidecar_entry(
-            TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar), data_dir, config.export.source_margin
-        )
-        classifier = TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar)  # calibrated, as predict will run it
-        lite_probs, test_embeddings, _ = _run_split(classifier, data_dir, "test")
-        lite_pred = classifier.calibrated(lite_probs).argmax(1)
-        ood, layout_fit, orientation_fit = classifier.gates()
-        entry = {
-            "file": out.name,
-            "agreement": float((lite_pred == keras_pred).mean()),
-            "accuracy": float((lite_pred == test_labels).mean()),
-            "temperature": sidecar["temperature"]["value"],
-            "val_ece_before_after": [sidecar["temperature"]["ece_before"], sidecar["temperature"]["ece_after"]],
-            "ood_threshold": sidecar["ood"]["threshold"],
-            "test_over_ood_threshold": float((ood.distances(test_embeddings) > ood.threshold).mean()),
-            "layout_threshold": pixel_checks["layout"]["threshold"],
-            "test_over_layout_threshold": float((layout_fit.scores(test_images) > layout_fit.threshold).mean()),
-            "test_not_upright": float(
-                np.mean([orientation_fit.orientation(image)[0] != "upright" for image in test_images])
-            ),
-        }
-        entry["accuracy_delta"] = entry["accuracy"] - report["keras"]["accuracy"]
-        sidecar["parity"] = {
-            "test_images": len(test_labels),
-            **{k: entry[k] for k in ("agreement", "accuracy", "accuracy_delta")},
-        }
-        flatbuffer, sidecar = bind(flatbuffer, sidecar)
-        write_model_pair(out, flatbuffer, sidecar)
-        TFLiteClassifier(out)  # read back as predict reads it: the pair on disk is whole, bound and usable
-        entry["bytes"] = len(flatbuffer)
-        if fmt == "int8":
-            entry["meets_bar"] = entry["agreement"] >= config.export.int8_min_agreement
-            entry["c_array"] = [p.name for p in write_c_array(out, card["labels"], int(card["image_size"]))]
-        report[fmt] = entry
-        if sidecar["temperature"]["at_search_bound"]:
-            say(
-                f"warning: {fmt}: the temperature stopped at its search limit {entry['temperature']:.3g}: the val split "
-                "gives no finite optimum (the model separates it perfectly?), so predict's probabilities are as sharp "
-                "as the limit allows; a larger or harder val split (data.val_fraction) gives a fitted value"
-            )
-        say(
-            f"{fmt}: {out} {entry['bytes'] / 1e6:.2f} MB, agreement with Keras {entry['agreement']:.2%}, "
-            f"accuracy {entry['accuracy']:.2%} ({entry['accuracy_delta']:+.2%}), temperature {entry['temperature']:.3f} "
-            f"(val ECE {entry['val_ece_before_after'][0]:.3f} -> {entry['val_ece_before_after'][1]:.3f}), "
-            f"test images beyond the out-of-distribution threshold {entry['test_over_ood_threshold']:.2%}, "
-            f"beyond the chest-layout threshold {entry['test_over_layout_threshold']:.2%}, "
-            f"not upright {entry['test_not_upright']:.2%}"
-        )
+        with native_stderr_to(run_dir / CONVERTER_LOG):
+            flatbuffer = convert(source.saved_model, fmt, source.representative)
+        report[fmt] = export_format(source, fmt, flatbuffer, config.export, pixel_checks, say)
     write_json(run_dir / EXPORT_REPORT, report)
     if not report.get("int8", {}).get("meets_bar", True):
         raise UserError(
@@ -248,3 +195,132 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             f"or deploy float16; see {run_dir / EXPORT_REPORT}"
         )
     return report
+
+
+def _training_data(config: Config, say: Callable[[str], None]) -> tuple[ModelCard, PreparedData, bool]:
+    """The model card, the data set export reads (its manifest read once: every step uses it), checked against the
+    card, and whether it is the very set the model was trained on."""
+    card = read_model_card(Path(config.train.run_dir))
+    data = open_prepared(config.data.data_dir)
+    same_data = check_model_matches(card, data)
+    require_intact_shards(data, SPLITS_READ)
+    if not same_data:
+        say(
+            f"[yellow]warning[/]: {data.path} is not the exact data set the model was trained on (its data set id differs from the model card's); its test split may overlap training images"
+        )
+    return card, data, same_data
+
+
+def _convert_source(
+    run_dir: Path,
+    card: ModelCard,
+    data: PreparedData,
+    formats: list[str],
+    representative_samples: int,
+    say: Callable[[str], None],
+) -> ExportSource:
+    """The Keras model hashed, loaded, run on the test split and written as the SavedModel every format converts."""
+    model_path = run_dir / MODEL_FILE
+    keras_sha256 = sha256_file(model_path)  # before loading: the sidecar names the very bytes that were converted
+    model = load_keras_model(model_path, keras_sha256, "the file just hashed (it changed during export)")
+    test_images, test_labels = load_split(data, "test")
+    keras_pred = model.predict(test_images, batch_size=64, verbose=0).argmax(1)
+    representative = (
+        load_split(data, "train", representative_samples)[0]
+        if any(FORMATS.get(f).needs_representative for f in formats)
+        else None
+    )
+    log = run_dir / CONVERTER_LOG
+    log.unlink(missing_ok=True)
+    with native_stderr_to(log):
+        saved_model = write_saved_model(served_model(fold_input_scaling(model)), run_dir)
+    say(f"SavedModel: {saved_model}")
+    return ExportSource(
+        run_dir, card, data, keras_sha256, saved_model, test_images, test_labels, keras_pred, representative
+    )
+
+
+def _fitted_sidecar(
+    source: ExportSource, fmt: str, flatbuffer: bytes, settings: ExportConfig, pixel_checks: dict
+) -> tuple[dict, TFLiteClassifier]:
+    """The format's sidecar with every fit (temperature and OOD on this format's outputs, the pixel checks, the
+    source profile) and the model run with it, calibrated, as predict will run it."""
+    out = source.run_dir / tflite_name(fmt)
+    sidecar = {
+        **source.card.sidecar_entries(),
+        "version": SIDECAR_VERSION,
+        "format": fmt,
+        "keras_model": MODEL_FILE,
+        "keras_sha256": source.keras_sha256,
+    }
+    uncalibrated = TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar)
+    sidecar.update(fit_calibration_and_ood(uncalibrated, source.data, settings.ood_margin))
+    if not pixel_checks:  # after the val split was checked (fit_calibration_and_ood)
+        pixel_checks.update(fit_pixel_checks(source.data, settings.layout_margin))
+    sidecar.update(pixel_checks)
+    gated = TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar)
+    sidecar.update(
+        {source_profile.SIDECAR_KEY: source_profile.sidecar_entry(gated, source.data, settings.source_margin)}
+    )
+    return sidecar, TFLiteClassifier(out, flatbuffer=flatbuffer, card=sidecar)
+
+
+def _parity(source: ExportSource, classifier: TFLiteClassifier) -> dict:
+    """The format's answers on the test split against Keras' and the truth, and how many test images its gates refuse."""
+    lite_probs, test_embeddings, _ = _run_split(classifier, source.data, "test")
+    lite_pred = classifier.calibrated(lite_probs).argmax(1)
+    ood, layout_fit, orientation_fit = classifier.gates()
+    temperature, images = classifier.card.temperature, source.test_images
+    accuracy = float((lite_pred == source.test_labels).mean())
+    return {
+        "file": classifier.path.name,
+        "agreement": float((lite_pred == source.keras_pred).mean()),
+        "accuracy": accuracy,
+        "accuracy_delta": accuracy - source.keras_accuracy,
+        "temperature": classifier.temperature,
+        "val_ece_before_after": [temperature["ece_before"], temperature["ece_after"]],
+        "ood_threshold": ood.threshold,
+        "test_over_ood_threshold": float((ood.distances(test_embeddings) > ood.threshold).mean()),
+        "layout_threshold": layout_fit.threshold,
+        "test_over_layout_threshold": float((layout_fit.scores(images) > layout_fit.threshold).mean()),
+        "test_not_upright": float(np.mean([orientation_fit.orientation(image)[0] != "upright" for image in images])),
+    }
+
+
+def export_format(
+    source: ExportSource,
+    fmt: str,
+    flatbuffer: bytes,
+    settings: ExportConfig,
+    pixel_checks: dict,
+    say: Callable[[str], None],
+) -> dict:
+    """One format: fit its sidecar, measure its parity, bind and write the pair, read it back as predict does;
+    returns its export report entry."""
+    sidecar, classifier = _fitted_sidecar(source, fmt, flatbuffer, settings, pixel_checks)
+    entry = _parity(source, classifier)
+    parity = {k: entry[k] for k in ("agreement", "accuracy", "accuracy_delta")}
+    sidecar.update({"parity": {"test_images": len(source.test_labels), **parity}})
+    flatbuffer, sidecar = bind(flatbuffer, sidecar)
+    out = classifier.path
+    write_model_pair(out, flatbuffer, sidecar)
+    TFLiteClassifier(out)  # read back as predict reads it: the pair on disk is whole, bound and usable
+    entry["bytes"] = len(flatbuffer)
+    if fmt == "int8":
+        entry["meets_bar"] = entry["agreement"] >= settings.int8_min_agreement
+        entry["c_array"] = [p.name for p in write_c_array(out, source.card.labels, source.card.image_size)]
+    if classifier.card.temperature["at_search_bound"]:
+        say(
+            f"warning: {fmt}: the temperature stopped at its search limit {entry['temperature']:.3g}: the val split "
+            "gives no finite optimum (the model separates it perfectly?), so predict's probabilities are as sharp "
+            "as the limit allows; a larger or harder val split (data.val_fraction) gives a fitted value"
+        )
+    say(
+        f"{fmt}: {out} {entry['bytes'] / 1e6:.2f} MB, agreement with Keras {entry['agreement']:.2%}, "
+        f"accuracy {entry['accuracy']:.2%} ({entry['accuracy_delta']:+.2%}), temperature {entry['temperature']:.3f} "
+        f"(val ECE {entry['val_ece_before_after'][0]:.3f} -> {entry['val_ece_before_after'][1]:.3f}), "
+        f"test images beyond the out-of-distribution threshold {entry['test_over_ood_threshold']:.2%}, "
+        f"beyond the chest-layout threshold {entry['test_over_layout_threshold']:.2%}, "
+        f"not upright {entry['test_not_upright']:.2%}"
+    )
+    return entry

@@ -18,12 +18,20 @@ import numpy as np
 
 from covidxray.errors import UserError
 from covidxray.files import atomic_write, output_folder
-from covidxray.manifest import MANIFEST, manifest_sha256
+from covidxray.manifest import MANIFEST, PreparedData, check_model_matches, open_prepared
 from covidxray.report import sections
 from covidxray.report.html import esc, page, section
 from covidxray.report.plots import training_curves
 from covidxray.report.run_files import RunFiles
-from covidxray.run_folder import MODEL_CARD, MODEL_FILE, REPORT_FILE, TEST_PREDICTIONS, TRAIN_LOG
+from covidxray.run_folder import (
+    MODEL_CARD,
+    MODEL_FILE,
+    REPORT_FILE,
+    TEST_PREDICTIONS,
+    TRAIN_LOG,
+    ModelCard,
+    read_model_card,
+)
 
 SECTIONS = (  # (anchor, title): the page's order; tests check each is present
     ("data-card", "1. Data card"),
@@ -55,19 +63,19 @@ def build_report(
     log = files.json(TRAIN_LOG)
     curves = training_curves(log["epochs"]) if log and log.get("epochs") else None
     plots = {name: files.binary(name) for name in (ROC_PLOT, CONFUSION_PLOT, RELIABILITY_PLOT)}
-    found, problem, source = _examples(files)
-    card = files.json(MODEL_CARD) or {}
+    card, data = _model_card(files), _prepared(files)
+    found, problem, source = _examples(files, card, data)
     bodies = [
         sections.data_card(files),
         sections.training(files, curves),
         sections.evaluation(files, plots),
         sections.exported(files),
-        sections.examples(found, card.get("labels", []), problem, source),
+        sections.examples(found, card.labels if card else [], problem, source),
         sections.intended_use(files, SOURCE_REGISTRY.names()),
     ]
     html = page(
         f"covidxray report: {run_dir.name}",
-        _header(files, card),
+        _header(files, card, data),
         [section(anchor, title, body) for (anchor, title), body in zip(SECTIONS, bodies)],
     )
     atomic_write(out, html)
@@ -75,14 +83,31 @@ def build_report(
     return out
 
 
-def _header(files: RunFiles, card: dict) -> str:
+def _model_card(files: RunFiles) -> ModelCard | None:
+    """The run's model card; None when there is none or it cannot be read (the page says what is missing)."""
+    try:
+        return read_model_card(files.run_dir)
+    except UserError:
+        return None
+
+
+def _prepared(files: RunFiles) -> PreparedData | None:
+    """The run's data set, read once for the whole page; None when there is none or it cannot be read."""
+    if files.data_dir is None:
+        return None
+    try:
+        return open_prepared(files.data_dir)
+    except UserError:
+        return None
+
+
+def _header(files: RunFiles, card: ModelCard | None, data: PreparedData | None) -> str:
     same = ""
-    if card.get("manifest_sha256") and files.data_dir and (files.data_dir / MANIFEST).is_file():
-        matches = manifest_sha256(files.data_dir) == card["manifest_sha256"]
+    if card is not None and data is not None and (card.dataset_id or card.manifest_sha256):
         same = (
-            " The data folder is the one the model was trained on (manifest sha256 matches the model card)."
-            if matches
-            else " <b>The data folder is not the one the model was trained on</b> (manifest sha256 differs from the model card's)."
+            " The data folder is the one the model was trained on (its data set id matches the model card's)."
+            if data.is_training_data_of(card)
+            else " <b>The data folder is not the one the model was trained on</b> (its data set id differs from the model card's)."
         )
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (
@@ -93,19 +118,21 @@ def _header(files: RunFiles, card: dict) -> str:
     )
 
 
-def _examples(files: RunFiles) -> tuple[list | None, str, str | None]:
+def _examples(
+    files: RunFiles, card: ModelCard | None, data: PreparedData | None
+) -> tuple[list | None, str, str | None]:
     """(examples or None, why there are none / where the probabilities come from, file they come from or None)."""
-    card = files.json(MODEL_CARD)
     if files.data_dir is None or not (files.data_dir / MANIFEST).is_file():
         return None, f"no prepared data to take test images from ({files.why_missing(MANIFEST)})", None
-    if card is None or not (files.run_dir / MODEL_FILE).is_file():
+    if card is None:
         return None, f"no trained model ({MODEL_FILE}, {MODEL_CARD}) in {files.run_dir}", None
     from covidxray.export.keras_file import load_keras_model
-    from covidxray.manifest import check_model_matches
     from covidxray.report.examples import gradcam_examples
 
     try:
-        check_model_matches(card, files.data_dir)
+        if data is None:
+            data = open_prepared(files.data_dir)  # raises the UserError saying why it could not be read above
+        check_model_matches(card, data)
         model = load_keras_model(files.run_dir / MODEL_FILE)
         predictions = files.run_dir / TEST_PREDICTIONS
         if predictions.is_file():
@@ -118,14 +145,12 @@ def _examples(files: RunFiles) -> tuple[list | None, str, str | None]:
         else:
             from covidxray.train.evaluate import predict_split
 
-            probabilities, labels = predict_split(
-                model, files.data_dir, "test", int(card["image_size"]), len(card["labels"])
-            )
+            probabilities, labels = predict_split(model, data, "test", card.image_size, len(card.labels))
             source = None
             note = (
                 f"The probabilities shown were computed by the report: the run has no {TEST_PREDICTIONS} "
                 "(evaluated by an older covidxray, or not evaluated)."
             )
-        return gradcam_examples(model, files.data_dir, labels, probabilities), note, source
+        return gradcam_examples(model, data, labels, probabilities), note, source
     except UserError as err:
         return None, str(err), None

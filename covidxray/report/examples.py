@@ -9,12 +9,12 @@ before it existed) the Keras model predicts the test split here, and the report 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import cv2
 import numpy as np
 
 from covidxray.errors import UserError
+from covidxray.manifest import PreparedData
 
 ERRORS_SHOWN = 3
 
@@ -44,15 +44,14 @@ def pick(labels: np.ndarray, probabilities: np.ndarray, errors: int = ERRORS_SHO
     return [(i, "error") for i in wrong] + [(i, "correct") for i in right]
 
 
-def read_test_split(data_dir: Path, wanted: set[int]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+def read_test_split(data: PreparedData, wanted: set[int]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
     """(true class of every test record, {index: gray uint8 image} for `wanted`), in the order evaluate predicted."""
     import tensorflow as tf
 
     from covidxray.data.tfrecord import FEATURES
-    from covidxray.manifest import shard_paths
     from covidxray.train.input import assign_shards, rank_records
 
-    records = rank_records(assign_shards(shard_paths(data_dir, "test"), 0, 1), 0, 1, training=False, seed=0)
+    records = rank_records(assign_shards(data.shards("test"), 0, 1), 0, 1, training=False, seed=0)
     labels, images = [], {}
     for index, serialized in enumerate(records):
         parsed = tf.io.parse_single_example(serialized, FEATURES)
@@ -69,16 +68,16 @@ def _png(image: np.ndarray) -> bytes:
     return encoded.tobytes()
 
 
-def gradcam_examples(model, data_dir: Path, labels: np.ndarray, probabilities: np.ndarray) -> list[Example]:
+def gradcam_examples(model, data: PreparedData, labels: np.ndarray, probabilities: np.ndarray) -> list[Example]:
     """Grad-CAM of the predicted class for each picked test image; [] when the predictions do not fit the shards."""
     from covidxray.edge.class_maps import overlay
     from covidxray.export.gradcam import heatmaps, score_function
 
     chosen = pick(labels, probabilities)
-    shard_labels, images = read_test_split(data_dir, {i for i, _ in chosen})
+    shard_labels, images = read_test_split(data, {i for i, _ in chosen})
     if not np.array_equal(shard_labels, labels):
         raise UserError(
-            f"the test predictions do not belong to {data_dir}'s test split (its true classes differ): "
+            f"the test predictions do not belong to {data.path}'s test split (its true classes differ): "
             "run `covidxray evaluate` on this data again, or give the --data-dir the run was evaluated on"
         )
     if not chosen:

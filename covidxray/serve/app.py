@@ -23,7 +23,6 @@ from werkzeug.exceptions import HTTPException
 
 from covidxray import __version__
 from covidxray.edge.class_maps import NO_OVERLAY
-from covidxray.edge.model_binding import sidecar_digest
 from covidxray.serve import page
 from covidxray.serve.workers import Busy, InferencePool, TooSlow, Upload
 
@@ -211,9 +210,9 @@ def add_api(app: Flask, pool: InferencePool, model_name: str, max_upload_bytes: 
             {
                 "status": "ok",
                 "model": model_name,
-                "sidecar_version": sidecar_digest(card),
-                "preprocessing": card.get("preprocessing"),
-                "labels": card["labels"],
+                "sidecar_version": pool.predictor.classifier.sidecar_digest,
+                "preprocessing": card.preprocessing,
+                "labels": card.labels,
                 "overlay": True if pool.overlay_available else NO_OVERLAY,
                 "covidxray": __version__,
                 "uptime_s": round(time.monotonic() - started, 1),

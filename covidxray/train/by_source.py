@@ -12,24 +12,23 @@ a generalisation figure and is labelled so.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
-from covidxray.manifest import shard_paths
+from covidxray.manifest import Manifest, PreparedData
 from covidxray.train.metrics import expected_calibration_error
 
 UNSEEN = "unseen source"
 
 
-def split_sources(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+def split_sources(data: PreparedData, split: str) -> tuple[np.ndarray, np.ndarray]:
     """(source, label) of every record of `split`, in the order `make_dataset` yields them for one rank (evaluation)."""
     import tensorflow as tf
 
     from covidxray.data.tfrecord import FEATURES
     from covidxray.train.input import assign_shards, rank_records
 
-    paths = shard_paths(data_dir, split)
+    paths = data.shards(split)
     if not paths:
         return np.zeros(0, dtype=object), np.zeros(0, np.int64)
     wanted = {key: FEATURES[key] for key in ("source", "label")}
@@ -41,11 +40,11 @@ def split_sources(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     return np.array(sources, dtype=object), np.array(labels, np.int64)
 
 
-def unseen_sources(manifest: dict) -> set[str]:
+def unseen_sources(manifest: Manifest) -> set[str]:
     """Test sources the model never trained on: the held-out source, and any source with no train image."""
-    in_train = manifest["splits"]["train"]["sources"]
-    unseen = {s for s in manifest["splits"]["test"]["sources"] if not in_train.get(s)}
-    held_out = manifest.get("data_config", {}).get("holdout_source")
+    in_train = manifest.splits["train"].sources
+    unseen = {s for s in manifest.splits["test"].sources if not in_train.get(s)}
+    held_out = manifest.data_config.get("holdout_source")
     return unseen | ({held_out} if held_out else set())
 
 
@@ -53,16 +52,16 @@ def per_source_report(
     labels: np.ndarray,
     probabilities: np.ndarray,
     sources: np.ndarray,
-    manifest: dict,
+    manifest: Manifest,
     report: Callable[[np.ndarray, np.ndarray], dict],
     unseen: set[str] | None = None,
 ) -> dict:
     """`report(labels, probabilities)` on each source's subset of the test split, with its class counts, ECE and
     whether train saw the source (`unseen`, `train_images`). `manifest` is the training data's; `unseen`
     (default: unseen_sources(manifest)) names the sources to label as never trained on."""
-    names = manifest["labels"]
+    names = manifest.labels
     unseen = unseen_sources(manifest) if unseen is None else unseen
-    in_train = manifest["splits"]["train"]["sources"]
+    in_train = manifest.splits["train"].sources
     out = {}
     for source in sorted(set(sources.tolist())):
         members = sources == source

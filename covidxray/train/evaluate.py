@@ -24,7 +24,7 @@ from covidxray.config import Config
 from covidxray.errors import UserError
 from covidxray.export.keras_file import load_keras_model
 from covidxray.files import atomic_open, atomic_path
-from covidxray.manifest import check_model_matches, require_intact_shards, shard_paths
+from covidxray.manifest import PreparedData, check_model_matches, open_prepared, require_intact_shards
 from covidxray.run_folder import (
     EVALUATION,
     MODEL_FILE,
@@ -55,11 +55,11 @@ BATCH = 64
 
 
 def predict_split(
-    model, data_dir: Path, split: str, image_size: int, num_classes: int
+    model, data: PreparedData, split: str, image_size: int, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray]:
     from covidxray.train.input import InputSpec, make_dataset, predict_batches
 
-    paths = shard_paths(data_dir, split)
+    paths = data.shards(split)
     if not paths:
         return np.zeros((0, num_classes), np.float32), np.zeros(0, np.int64)
     return predict_batches(model, make_dataset(paths, InputSpec(image_size, num_classes, BATCH))[0], num_classes)
@@ -223,18 +223,19 @@ def evaluate(
     run_dir, data_dir = Path(config.train.run_dir), Path(config.data.data_dir)
     model_path = run_dir / MODEL_FILE
     card = read_model_card(run_dir)
-    manifest, same_data = checked_data(card, run_dir, data_dir, externals)
+    data, same_data = checked_data(card, run_dir, data_dir, externals)
+    manifest = data.manifest
     model = load_keras_model(model_path)
-    names, size = card["labels"], int(card["image_size"])
-    val_probs, val_labels = predict_split(model, data_dir, "val", size, len(names))
-    test_probs, test_labels = predict_split(model, data_dir, "test", size, len(names))
+    names, size = card.labels, card.image_size
+    val_probs, val_labels = predict_split(model, data, "val", size, len(names))
+    test_probs, test_labels = predict_split(model, data, "test", size, len(names))
     # Thresholds from val only: the test split is measured, never used for a decision.
     thresholds = choose_thresholds(val_labels, val_probs)
     judge = partial(classification_report, class_names=names, thresholds=thresholds)
     report = {
         **judge(test_labels, test_probs),
         "calibration": calibration_report(test_labels, test_probs),
-        "per_source": per_source_on_test(data_dir, manifest, test_labels, test_probs, judge),
+        "per_source": per_source_on_test(data, test_labels, test_probs, judge),
         "split": "test",
         "thresholds": thresholds_entry(names, thresholds, val_labels),
         "model": model_entry(model_path, card),
@@ -263,30 +264,30 @@ def evaluate(
 
 
 def checked_data(
-    card: dict, run_dir: Path, data_dir: Path, externals: list[str] | tuple[str, ...]
-) -> tuple[dict, bool]:
-    """(manifest, whether it is the training data) of a data set this model can be evaluated on, refused before any
+    card: ModelCard, run_dir: Path, data_dir: Path, externals: list[str] | tuple[str, ...]
+) -> tuple[PreparedData, bool]:
+    """(the data set, whether it is the training data) when this model can be evaluated on it, refused before any
     prediction if it cannot: another task or size, an empty test split, damaged shards, a bad external set."""
-    manifest, same_data = check_model_matches(card, data_dir)
-    if not manifest["splits"]["test"]["records"]:
+    data = open_prepared(data_dir)
+    same_data = check_model_matches(card, data)
+    if not data.manifest.splits["test"].records:
         raise UserError(f"{data_dir}: the test split is empty")
-    require_intact_shards(data_dir, manifest, ("val", "test"))
-    external.check_all(card, run_dir, data_dir, same_data, externals)
-    return manifest, same_data
+    require_intact_shards(data, ("val", "test"))
+    external.check_all(card, run_dir, data, same_data, externals)
+    return data, same_data
 
 
 def per_source_on_test(
-    data_dir: Path,
-    manifest: dict,
+    data: PreparedData,
     test_labels: np.ndarray,
     test_probs: np.ndarray,
     judge: Callable[[np.ndarray, np.ndarray], dict],
 ) -> dict:
     """The test metrics of each source's images (a class recognised only across sources may be the source)."""
-    test_sources, source_labels = split_sources(data_dir, "test")
+    test_sources, source_labels = split_sources(data, "test")
     if not np.array_equal(source_labels, test_labels):
         raise AssertionError("the test records' sources are not in the order the predictions were made")
-    return per_source_report(test_labels, test_probs, test_sources, manifest, judge)
+    return per_source_report(test_labels, test_probs, test_sources, data.manifest, judge)
 
 
 def thresholds_entry(names: list[str], thresholds: list[float | None], val_labels: np.ndarray) -> dict:
@@ -298,12 +299,8 @@ def thresholds_entry(names: list[str], thresholds: list[float | None], val_label
     }
 
 
-def model_entry(model_path: Path, card: dict) -> dict:
-    return {
-        "file": str(model_path),
-        "architecture": card.get("model"),
-        "best_epoch": card.get("best", {}).get("epoch"),
-    }
+def model_entry(model_path: Path, card: ModelCard) -> dict:
+    return {"file": str(model_path), "architecture": card.model, "best_epoch": card.best.get("epoch")}
 
 
 def write_evaluation(run_dir: Path, report: dict, test_labels: np.ndarray, test_probs: np.ndarray) -> None:

@@ -24,7 +24,6 @@ the test split: nothing about the external set is tuned on it.
 from __future__ import annotations
 
 import csv
-import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -38,13 +37,13 @@ from covidxray.data import dedup
 from covidxray.data.image_cache import ImageCache, cache_path
 from covidxray.errors import UserError
 from covidxray.files import atomic_open
-from covidxray.manifest import content_sha256, load_manifest, shard_paths
+from covidxray.manifest import SPLIT_TABLE, Manifest, PreparedData, open_prepared
 from covidxray.records import Record
+from covidxray.run_folder import ModelCard
 from covidxray.train.by_source import per_source_report
 from covidxray.train.metrics import expected_calibration_error
-from covidxray.train.run_guard import RUN_INPUTS
+from covidxray.train.run_guard import recorded_dataset_id
 
-SPLIT_TABLE = "splits.csv"  # written by prepare: every kept image, its patient, source and split
 TRAINING_SPLITS = ("train", "val")
 EXTERNAL_PATIENT = (
     "external:"  # prefix: dedup treats near copies of one patient as follow-ups; across the sets they are leaks
@@ -75,19 +74,10 @@ class Copy:
         ]
 
 
-def check_fits(card: dict, manifest: dict, external_dir: Path) -> None:
+def check_fits(card: ModelCard, manifest: Manifest, external_dir: Path) -> None:
     """UserError when the external set's task, labels, image size or pixel preprocessing differ from the model's."""
-    wanted = {
-        "task": card.get("task"),
-        "labels": card["labels"],
-        "image_size": int(card["image_size"]),
-        "preprocessing": card.get("preprocessing"),
-        "harmonise": card.get("harmonise", "none"),
-    }
-    found: dict[str, Any] = {key: manifest.get(key) for key in PIXEL_SETTINGS} | {
-        "harmonise": manifest.get("harmonise", "none")
-    }
-    found["image_size"] = int(found["image_size"])
+    wanted: dict[str, Any] = {key: getattr(card, key) for key in (*PIXEL_SETTINGS, "harmonise")}
+    found: dict[str, Any] = {key: getattr(manifest, key) for key in wanted}
     differ = [key for key in wanted if wanted[key] is not None and found[key] != wanted[key]]
     if differ:
         raise UserError(
@@ -98,21 +88,16 @@ def check_fits(card: dict, manifest: dict, external_dir: Path) -> None:
         )
 
 
-def _trained_on(run_dir: Path, training_dir: Path, same_bytes: bool) -> bool:
-    """Whether `training_dir` holds the data the run trained on: the very manifest, or a re-prepare with the same
-    content (task, labels, size, preprocessing, every shard's sha256: covidxray/train/run_guard.py records it)."""
-    if same_bytes:
-        return True
-    try:
-        recorded = json.loads((run_dir / RUN_INPUTS).read_text())["data_sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return recorded == content_sha256(load_manifest(training_dir))
+def _trained_on(run_dir: Path, training: PreparedData, same_data: bool) -> bool:
+    """Whether `training` is the data the run trained on: by the model card's record, or, for a card written before
+    dataset_id existed, by the run's inputs (covidxray/train/run_guard.py records the data set's id)."""
+    return same_data or recorded_dataset_id(run_dir) == training.dataset_id
 
 
-def check_all(card: dict, run_dir: Path, training_dir: Path, same_data: bool, externals) -> None:
+def check_all(card: ModelCard, run_dir: Path, training: PreparedData, same_data: bool, externals) -> None:
     """Before anything is predicted: every external set fits the model, and the copy check has the training data."""
-    if externals and not _trained_on(run_dir, training_dir, same_data):
+    training_dir = training.path
+    if externals and not _trained_on(run_dir, training, same_data):
         raise UserError(
             f"--external checks the external images against the training data, but {training_dir} is not the data set "
             "the model was trained on (its manifest hash differs from the model card's): point --data-dir at it"
@@ -122,7 +107,7 @@ def check_all(card: dict, run_dir: Path, training_dir: Path, same_data: bool, ex
             raise UserError(
                 f"--external {external_dir} is the training data set itself: prepare the external set separately"
             )
-        check_fits(card, load_manifest(external_dir), Path(external_dir))
+        check_fits(card, open_prepared(external_dir).manifest, Path(external_dir))
 
 
 def _split_table(data_dir: Path) -> list[tuple[str, Record]]:
@@ -141,9 +126,9 @@ def _split_table(data_dir: Path) -> list[tuple[str, Record]]:
         ]
 
 
-def _signatures(data_dir: Path, manifest: dict, records: list[Record], config: DataConfig, progress, log) -> dict:
+def _signatures(data_dir: Path, manifest: Manifest, records: list[Record], config: DataConfig, progress, log) -> dict:
     """Decoded (hashes, features) of every record's original file, through the data set's own decode cache."""
-    prepared = replace(config, image_size=int(manifest["image_size"]), harmonise=manifest.get("harmonise", "none"))
+    prepared = replace(config, image_size=manifest.image_size, harmonise=manifest.harmonise)
     with ImageCache(cache_path(data_dir, prepared.image_size, prepared.harmonise), log) as cache:
         decoded, _ = cache.decode_configured([str(r.image) for r in records], prepared, progress, log)
     return decoded
@@ -161,7 +146,7 @@ def find_copies(
     Training images = the train and val splits of `training_dir`; external = every image of `external_dir`.
     """
     progress = progress or (lambda done, total=None: None)
-    training_manifest, external_manifest = load_manifest(training_dir), load_manifest(external_dir)
+    training_manifest, external_manifest = open_prepared(training_dir).manifest, open_prepared(external_dir).manifest
     training = [(split, r) for split, r in _split_table(training_dir) if split in TRAINING_SPLITS]
     # prefixed ids: dedup never takes an external image for a follow-up of a training patient
     external = [replace(r, patient_id=EXTERNAL_PATIENT + r.patient_id) for _, r in _split_table(external_dir)]
@@ -171,7 +156,7 @@ def find_copies(
     _refuse_unreadable(training_dir, [r for _, r in training], trained)
     seen = _signatures(external_dir, external_manifest, external, config, step, log)
     checked = [r for r in external if seen[str(r.image)].ok]
-    settings = training_manifest.get("data_config", {})
+    settings = training_manifest.data_config
     copies = _image_copies(training, checked, {**trained, **seen}, settings, config)
     _add_patient_copies(copies, training, checked)
     found = [
@@ -243,12 +228,12 @@ def write_copies(path: Path, copies: list[Copy]) -> None:
 
 
 def predict_records(
-    model, data_dir: Path, dropped_ids: set[str], batch: int = 64
+    model, data: PreparedData, dropped_ids: set[str], batch: int = 64
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(probabilities, labels, sources) of every image in every split of `data_dir` but `dropped_ids`, and how many were dropped."""
+    """(probabilities, labels, sources) of every image in every split of `data` but `dropped_ids`, and how many were dropped."""
     from covidxray.data.tfrecord import read_records
 
-    paths = [p for split in ("train", "val", "test") for p in shard_paths(data_dir, split)]
+    paths = [p for split in ("train", "val", "test") for p in data.shards(split)]
     probabilities: list[np.ndarray] = []
     labels: list[int] = []
     sources: list[str] = []
@@ -277,9 +262,9 @@ def predict_records(
 
 def external_report(
     model,
-    card: dict,
+    card: ModelCard,
     training_dir: Path,
-    training_manifest: dict,
+    training_manifest: Manifest,
     external_dir: Path,
     config: DataConfig,
     report: Callable[[np.ndarray, np.ndarray], dict],
@@ -289,23 +274,20 @@ def external_report(
 ) -> dict:
     """The external set's report (`report` on its images that are no copies), with what was dropped and why."""
     external_dir = Path(external_dir)
-    manifest = load_manifest(external_dir)
+    prepared = open_prepared(external_dir)
+    manifest = prepared.manifest
     check_fits(card, manifest, external_dir)
     copies, unchecked = find_copies(training_dir, external_dir, config, progress, log)
     write_copies(copies_path, copies)
     dropped = {c.external.record_id for c in copies} | {r.record_id for r in unchecked}
-    probabilities, labels, sources = _scored(model, external_dir, dropped)
-    names = card["labels"]
-    in_train = training_manifest["splits"]["train"]["sources"]
+    probabilities, labels, sources = _scored(model, prepared, dropped)
+    names = card.labels
+    in_train = training_manifest.splits["train"].sources
     entry = report(labels, probabilities)
     entry.update(
         {
             "data_dir": str(external_dir),
-            "images_prepared": int(
-                manifest["splits"]["train"]["records"]
-                + manifest["splits"]["val"]["records"]
-                + manifest["splits"]["test"]["records"]
-            ),
+            "images_prepared": sum(manifest.splits[split].records for split in ("train", "val", "test")),
             **_class_counts(labels, names, training_manifest),
             **_dropped_entry(copies, unchecked, dropped, copies_path),
             "ece": expected_calibration_error(labels, probabilities),
@@ -322,26 +304,26 @@ def external_report(
     return entry
 
 
-def _scored(model, external_dir: Path, dropped: set[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scored(model, external: PreparedData, dropped: set[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(probabilities, labels, sources) of the external images not `dropped`; refused when none is left."""
-    probabilities, labels, sources, skipped = predict_records(model, external_dir, dropped)
+    probabilities, labels, sources, skipped = predict_records(model, external, dropped)
     if skipped != len(dropped):
         raise AssertionError(f"{len(dropped)} external images to drop, but {skipped} of them found in the shards")
     if not labels.size:
         raise UserError(
-            f"external data {external_dir}: every image is a copy of a training image; nothing left to score"
+            f"external data {external.path}: every image is a copy of a training image; nothing left to score"
         )
     return probabilities, labels, sources
 
 
-def _class_counts(labels: np.ndarray, names: list[str], training_manifest: dict) -> dict:
+def _class_counts(labels: np.ndarray, names: list[str], training_manifest: Manifest) -> dict:
     return {
         "classes": {name: int((labels == c).sum()) for c, name in enumerate(names)},
         # external images of a class the model never trained on: no recipe can recognise them
         "untrained_classes": {
             name: int((labels == c).sum())
             for c, name in enumerate(names)
-            if (labels == c).any() and not training_manifest["splits"]["train"]["classes"].get(name)
+            if (labels == c).any() and not training_manifest.splits["train"].classes.get(name)
         },
     }
 

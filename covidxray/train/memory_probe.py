@@ -28,6 +28,8 @@ import json
 import os
 from pathlib import Path
 
+from covidxray.manifest import PreparedData, open_prepared
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
@@ -41,15 +43,14 @@ def peak_rss_mb() -> float:
 
 def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     from covidxray.config import load_config
-    from covidxray.manifest import load_manifest
     from covidxray.train.distributed import HorovodTuning, configure_threads, standalone_gradient_averager
     from covidxray.train.finetune import hold_fixed
     from covidxray.train.input import InputSpec, make_dataset
     from covidxray.train.models import build_model
 
     cfg = load_config(config_path).train
-    manifest = load_manifest(data_dir)
-    labels, image_size = manifest["labels"], int(manifest["image_size"])
+    data = open_prepared(data_dir)
+    labels, image_size = data.manifest.labels, data.manifest.image_size
     tuning = HorovodTuning(cfg.gradient_compression, cfg.fusion_buffer_mb, cfg.cycle_time_ms)
     configure_threads(1)
     average = standalone_gradient_averager(tuning)
@@ -57,13 +58,13 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     hold_fixed(model, cfg)
 
     every_split = InputSpec(image_size, len(labels), cfg.batch_size)
-    train_shards = present_shards(data_dir, "train")
+    train_shards = present_shards(data, "train")
     if not train_shards:
         raise SystemExit(f"no train shard of {data_dir / 'manifest.json'} on this board")
     training = every_split.training_stream(cfg)
     train_steps(model, cfg.learning_rate, average, make_dataset(train_shards, training)[0].take(steps))
     # each epoch ends with predictions on the val split (a second graph)
-    validation, _ = make_dataset(present_shards(data_dir, "val") or train_shards, every_split)
+    validation, _ = make_dataset(present_shards(data, "val") or train_shards, every_split)
     for images, _ in validation.take(steps):
         model.predict_on_batch(images)
     return {
@@ -76,11 +77,9 @@ def probe(config_path: str | None, data_dir: Path, steps: int) -> dict:
     }
 
 
-def present_shards(data_dir: Path, split: str) -> list[Path]:
+def present_shards(data: PreparedData, split: str) -> list[Path]:
     """The shards of `split` on this board: a board may hold only its ranks' shards."""
-    from covidxray.manifest import shard_paths
-
-    return [path for path in shard_paths(data_dir, split) if path.is_file()]
+    return [path for path in data.shards(split) if path.is_file()]
 
 
 def train_steps(model, learning_rate: float, average, batches) -> None:

@@ -37,7 +37,7 @@ from typing import TextIO
 from covidxray.config import Config
 from covidxray.errors import UserError
 from covidxray.files import output_folder
-from covidxray.manifest import MANIFEST, content_sha256, describe_shard_problems, shard_paths, shard_problems
+from covidxray.manifest import MANIFEST, PreparedData, describe_shard_problems, shard_problems
 from covidxray.run_folder import CHECKPOINTS, LATEST, RUN_LOCK, write_json
 from covidxray.train.input import assign_shards
 
@@ -105,17 +105,27 @@ def training_settings(config: Config) -> dict:
     return {k: v for k, v in dataclasses.asdict(config.train).items() if k not in RESUMABLE_CHANGES}
 
 
-def _rank_shards(world, data_dir: Path, manifest: dict) -> tuple[list[str], str | None]:
+def _rank_shards(world, data: PreparedData) -> tuple[list[str], str | None]:
     """(the train and val shard files this rank reads, what is wrong with them or None)."""
-    files = [
-        f
-        for split in ("train", "val")
-        for f in assign_shards(shard_paths(data_dir, split), world.rank, world.size).files
-    ]
-    problems = shard_problems(data_dir, manifest, files)
+    files = [f for split in ("train", "val") for f in assign_shards(data.shards(split), world.rank, world.size).files]
+    problems = shard_problems(data, files)
     if not (problems["missing"] or problems["sha256_mismatch"]):
         return files, None
-    return files, f"rank {world.rank} on {world.hostname}: {describe_shard_problems(data_dir, problems)}"
+    return files, f"rank {world.rank} on {world.hostname}: {describe_shard_problems(data.path, problems)}"
+
+
+def recorded_dataset_id(run_dir: Path) -> str | None:
+    """The id of the data set RUN_INPUTS says the run trained on; None when it is absent or damaged."""
+    try:
+        saved = json.loads((Path(run_dir) / RUN_INPUTS).read_text())
+        return _dataset_id(saved)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _dataset_id(saved: dict) -> str:
+    """RUN_INPUTS' data set id; `data_sha256` in a run folder of an earlier covidxray: the same id, as first named."""
+    return str(saved["dataset_id"] if "dataset_id" in saved else saved["data_sha256"])
 
 
 def _resume_error(run_dir: Path, inputs: dict, force: bool, say: Callable[[str], None]) -> str | None:
@@ -129,7 +139,7 @@ def _resume_error(run_dir: Path, inputs: dict, force: bool, say: Callable[[str],
         )
     try:
         saved = json.loads(path.read_text())
-        saved_settings, saved_data = dict(saved["train"]), saved["data_sha256"]
+        saved_settings, saved_data = dict(saved["train"]), _dataset_id(saved)
     except (ValueError, KeyError, TypeError) as err:
         if force:
             return None
@@ -138,8 +148,8 @@ def _resume_error(run_dir: Path, inputs: dict, force: bool, say: Callable[[str],
             "resume with --resume --force if you are sure the config and data are the same, or start over without --resume"
         )
     differences = (
-        [f"data set ({MANIFEST} content sha256 {saved_data[:12]} then, {inputs['data_sha256'][:12]} now)"]
-        if saved_data != inputs["data_sha256"]
+        [f"data set ({MANIFEST} content sha256 {saved_data[:12]} then, {inputs['dataset_id'][:12]} now)"]
+        if saved_data != inputs["dataset_id"]
         else []
     )
     settings = inputs["train"]
@@ -160,18 +170,30 @@ def _resume_error(run_dir: Path, inputs: dict, force: bool, say: Callable[[str],
 
 
 def check_before_training(
-    world, config: Config, data_dir: Path, manifest: dict, resume: bool, force: bool, say: Callable[[str], None]
+    world,
+    config: Config,
+    data: PreparedData,
+    effective: dict,
+    resume: bool,
+    force: bool,
+    say: Callable[[str], None],
 ) -> contextlib.AbstractContextManager:
     """Raise the same UserError on every rank when the run folder is taken, a shard is damaged or a resume does not
-    match; else record the inputs. Returns the run folder's lock (rank 0; a no-op elsewhere): hold it while training."""
+    match; else record the inputs (with the `effective` data settings, the prepared set's). Returns the run folder's
+    lock (rank 0; a no-op elsewhere): hold it while training."""
     started = time.perf_counter()
     run_dir = Path(config.train.run_dir)
-    inputs = {"data_sha256": content_sha256(manifest), "data_dir": str(data_dir), "train": training_settings(config)}
+    inputs = {
+        "dataset_id": data.dataset_id,
+        "data_dir": str(data.path),
+        "data": effective,
+        "train": training_settings(config),
+    }
     lock = RunLock(run_dir) if world.is_root else None
     error = lock.acquire() if lock is not None else None  # first: a second run stops before it verifies or deletes
     files: list[str] = []
     if error is None:
-        files, error = _rank_shards(world, data_dir, manifest)
+        files, error = _rank_shards(world, data)
     if error is None and world.is_root and resume:
         error = _resume_error(run_dir, inputs, force, say)
     errors = [e for e in world.allgather_object(error) if e]

@@ -23,36 +23,37 @@ has a source adversary (covidxray/train/source_adversary.py).
 from __future__ import annotations
 
 from covidxray.config import TrainConfig
+from covidxray.manifest import Manifest
 from covidxray.train.input import SourceAware
 
 SHUFFLE, BY_SOURCE = "shuffle", "by_source"
 
 
-def train_sources(manifest: dict) -> tuple[str, ...]:
+def train_sources(manifest: Manifest) -> tuple[str, ...]:
     """The sources of the train split, sorted: position = source index."""
-    return tuple(sorted(name for name, count in manifest["splits"]["train"]["sources"].items() if count))
+    return tuple(sorted(name for name, count in manifest.splits["train"].sources.items() if count))
 
 
-def within_source_weights(manifest: dict, power: float) -> tuple[tuple[float, ...], ...]:
+def within_source_weights(manifest: Manifest, power: float) -> tuple[tuple[float, ...], ...]:
     """Per source (train_sources order), per class: weight ~ count^-power within the source, mean 1 over its images."""
     from covidxray.train.trainer import class_weights  # the rule the whole-split weights use, applied per source
 
-    labels = manifest["labels"]
-    by_source = manifest["splits"]["train"]["source_classes"]
+    labels = manifest.labels
+    by_source = manifest.splits["train"].source_classes
     return tuple(
         tuple(class_weights(by_source[name], labels, power)[c] for c in range(len(labels)))
         for name in train_sources(manifest)
     )
 
 
-def source_aware(cfg: TrainConfig, manifest: dict, source_input: bool) -> SourceAware | None:
+def source_aware(cfg: TrainConfig, manifest: Manifest, source_input: bool) -> SourceAware | None:
     """What the training stream must know of sources for this config, or None (the plain shuffled stream)."""
     if cfg.sampling == SHUFFLE and not source_input:
         return None
     sources = train_sources(manifest)
     if cfg.sampling == SHUFFLE:
         return SourceAware(sources, source_input=True)
-    counts = manifest["splits"]["train"]["sources"]
+    counts = manifest.splits["train"].sources
     total = sum(counts[name] for name in sources)
     power = cfg.class_weight_power if cfg.class_weights else 0.0  # power 0: every weight 1
     return SourceAware(

@@ -25,27 +25,29 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from covidxray.config import Config
+from covidxray.config import Config, DataConfig, TrainConfig
 from covidxray.data.labels import get_task, require_every_class
 from covidxray.edge.preprocess import PREPROCESSING_VERSION
 from covidxray.errors import UserError
 from covidxray.files import PARTIAL
-from covidxray.manifest import load_manifest, manifest_sha256, shard_paths
+from covidxray.manifest import MANIFEST, Manifest, PreparedData, open_prepared
 from covidxray.run_folder import (
     CHECKPOINTS,
     CONFIG_FILE,
     LATEST,
-    MODEL_CARD,
     MODEL_FILE,
     TENSORBOARD_DIR,
     TRAIN_LOG,
+    ModelCard,
     read_latest,
     write_json,
     write_latest,
+    write_model_card,
 )
 from covidxray.train import source_adversary
 from covidxray.train.batchnorm import batches_per_rank, recompute_statistics
@@ -123,7 +125,7 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
         header: dict,
         images_per_epoch: int,
         checkpoint: tf.train.Checkpoint,
-        card: dict,
+        card: ModelCard,
         say: Callable[[str], None],
         board: EpochBoard | None = None,
     ):
@@ -229,7 +231,7 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
         inference_copy.set_weights(classifier.get_weights())
         inference_copy.save(str(model_tmp))
         os.replace(model_tmp, self.run_dir / MODEL_FILE)
-        write_json(self.run_dir / MODEL_CARD, {**self.card, "best": best})
+        write_model_card(self.run_dir, replace(self.card, best=best))
 
     def commit(self, training: TrainingState) -> None:
         """Hand the finished epoch's state to every rank's state object; elastic: Horovod keeps it to roll back to."""
@@ -291,7 +293,7 @@ def _prepare_run_dir(run_dir: Path, resume: bool, say: Callable[[str], None]) ->
 
 
 def train(config: Config, resume: bool = False, say: Callable[[str], None] = print, force: bool = False) -> dict:
-    cfg, data_dir = config.train, Path(config.data.data_dir)
+    cfg = config.train
     check_launch_mode(cfg.elastic)
     world = init_world(HorovodTuning(cfg.gradient_compression, cfg.fusion_buffer_mb, cfg.cycle_time_ms))
 
@@ -299,56 +301,92 @@ def train(config: Config, resume: bool = False, say: Callable[[str], None] = pri
         if world.is_root:
             say(message)
 
-    manifest = load_manifest(data_dir)
-    require_every_class(get_task(manifest["task"]), manifest["splits"]["train"]["classes"], f"{data_dir}'s train split")
-    with check_before_training(
-        world, config, data_dir, manifest, resume, force, root_say
-    ):  # rank 0 holds the run folder
-        return _train_checked(config, world, manifest, resume, root_say)
+    data = open_prepared(config.data.data_dir)  # the one reading of the manifest: every step below uses `data`
+    manifest = data.manifest
+    require_every_class(get_task(manifest.task), manifest.splits["train"].classes, f"{data.path}'s train split")
+    effective = effective_data_settings(config.data, data, root_say)
+    with check_before_training(world, config, data, effective, resume, force, root_say):  # rank 0 holds the run folder
+        return _train_checked(config, world, data, resume, root_say)
 
 
-def _train_checked(config: Config, world: World, manifest: dict, resume: bool, say: Callable[[str], None]) -> dict:
-    """`train` once the shards are verified and rank 0 holds the run folder."""
-    cfg, data_dir, run_dir = config.train, Path(config.data.data_dir), Path(config.train.run_dir)
-    labels, image_size = manifest["labels"], int(manifest["image_size"])
-    config.data.image_size, config.data.task = image_size, manifest["task"]
-    train_records = manifest["splits"]["train"]["records"]
-    if train_records == 0 or manifest["splits"]["val"]["records"] == 0:
-        raise UserError(f"{data_dir / 'manifest.json'}: train and val splits must both be non-empty")
+def effective_data_settings(configured: DataConfig, data: PreparedData, say: Callable[[str], None]) -> dict:
+    """The data settings training uses: the prepared set's, not the config's (which only `prepare` applies); a word
+    when the config says otherwise. Recorded in the model card and RUN_INPUTS; the config is left as given."""
+    manifest = data.manifest
+    effective = {"task": manifest.task, "image_size": manifest.image_size, "harmonise": manifest.harmonise}
+    differ = [
+        f"data.{key} {getattr(configured, key)!r} in the config, {value!r} in {data.path / MANIFEST}"
+        for key, value in effective.items()
+        if getattr(configured, key) != value
+    ]
+    if differ:
+        say(
+            f"note: training with the prepared data set's settings ({'; '.join(differ)}); `covidxray prepare` applies "
+            "data settings: prepare again to change them"
+        )
+    return effective
 
+
+def _compiled_model(cfg: TrainConfig, manifest: Manifest, world: World) -> tuple[tf.keras.Model, Any, Any]:
+    """(the model to fit, with a source adversary head if configured, compiled; its distributed optimizer, built;
+    what the training stream must know of sources, or None)."""
     tf.keras.utils.set_random_seed(cfg.seed)
-    model = build_model(cfg.model, image_size, len(labels), cfg.weights)
+    model = build_model(cfg.model, manifest.image_size, len(manifest.labels), cfg.weights)
     hold_fixed(model, cfg)
-    steps = max(1, train_records // (cfg.batch_size * world.size)) * cfg.epochs
+    steps = max(1, manifest.splits["train"].records // (cfg.batch_size * world.size)) * cfg.epochs
     model = source_adversary.wrap(model, len(train_sources(manifest)), cfg.source_adversary, steps)  # or the model
     by_source = source_aware(cfg, manifest, source_input=model is not source_adversary.inference_model(model))
     optimizer = world.distributed_optimizer(tf.keras.optimizers.Adam(cfg.learning_rate))
     loss = tf.keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing)
     model.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
     optimizer.build(model.trainable_variables)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    return model, optimizer, by_source
 
-    training = TrainingState()  # rank 0's, possibly resumed, reaches every rank when World.run syncs the state
+
+def _starting_state(
+    run_dir: Path, checkpoint: tf.train.Checkpoint, world: World, resume: bool, say: Callable[[str], None]
+) -> TrainingState:
+    """Rank 0's state to start from (resumed from the last checkpoint, or fresh), its run folder made ready; it
+    reaches every rank when World.run syncs the state."""
+    training = TrainingState()
     if world.is_root:
         _prepare_run_dir(run_dir, resume, say)
         if resume:
             restored = _restore(run_dir, checkpoint)
             say(f"resuming after epoch {restored.epoch}" if restored else "no checkpoint found: starting from epoch 0")
             training = restored or training
+    return training
+
+
+def _model_card(architecture: str, data: PreparedData) -> ModelCard:
+    """The card of a model trained on `data`: the prepared set's effective settings, whatever the config said."""
+    manifest = data.manifest
+    return ModelCard(
+        labels=manifest.labels,
+        image_size=manifest.image_size,
+        task=manifest.task,
+        model=architecture,
+        preprocessing=PREPROCESSING_VERSION,
+        harmonise=manifest.harmonise,
+        dataset_id=data.dataset_id,
+    )
+
+
+def _train_checked(config: Config, world: World, data: PreparedData, resume: bool, say: Callable[[str], None]) -> dict:
+    """`train` once the shards are verified and rank 0 holds the run folder."""
+    cfg, run_dir, manifest = config.train, Path(config.train.run_dir), data.manifest
+    labels, image_size = manifest.labels, manifest.image_size
+    train_records = manifest.splits["train"].records
+    if train_records == 0 or manifest.splits["val"].records == 0:
+        raise UserError(f"{data.path / MANIFEST}: train and val splits must both be non-empty")
+
+    model, optimizer, by_source = _compiled_model(cfg, manifest, world)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    training = _starting_state(run_dir, checkpoint, world, resume, say)
     state = world.make_state(model, optimizer, training)
-    card = {
-        "labels": labels,
-        "image_size": image_size,
-        "task": manifest["task"],
-        "model": cfg.model,
-        "preprocessing": PREPROCESSING_VERSION,
-        "harmonise": manifest.get("harmonise", "none"),  # predict makes its input like the shards' (edge/harmonise.py)
-        "manifest_sha256": manifest_sha256(data_dir),
-    }
+    card = _model_card(cfg.model, data)
     weights = (
-        class_weights(manifest["splits"]["train"]["classes"], labels, cfg.class_weight_power)
-        if cfg.class_weights
-        else None
+        class_weights(manifest.splits["train"].classes, labels, cfg.class_weight_power) if cfg.class_weights else None
     )
 
     def attempt(state) -> dict:
@@ -363,10 +401,10 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
             threads=world.cores_per_rank,
         )
         train_ds, my_shards = make_dataset(
-            shard_paths(data_dir, "train"),
+            data.shards("train"),
             replace(every_split.training_stream(cfg), by_source=by_source),
         )
-        val_ds, _ = make_dataset(shard_paths(data_dir, "val"), every_split)
+        val_ds, _ = make_dataset(data.shards("val"), every_split)
         scaled_lr = cfg.learning_rate * world.size  # the peak; LearningRateSchedule sets every step's LR
         ranks = world.allgather_object(
             {
@@ -386,7 +424,7 @@ def _train_checked(config: Config, world: World, manifest: dict, resume: bool, s
         recalibration = None
         if cfg.bn_recalibration_images:
             calibration_ds, _ = make_dataset(
-                shard_paths(data_dir, "train"),
+                data.shards("train"),
                 replace(every_split, training=True, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed + 1),
             )
             recalibration = calibration_ds, batches_per_rank(cfg.bn_recalibration_images, cfg.batch_size, world.size)

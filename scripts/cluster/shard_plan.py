@@ -19,7 +19,7 @@ from horovod.runner.common.util.hosts import HostInfo  # noqa: E402
 from nodes import ClusterError, place_ranks  # noqa: E402
 
 from covidxray.errors import UserError  # noqa: E402
-from covidxray.manifest import MANIFEST, load_manifest, shard_paths  # noqa: E402
+from covidxray.manifest import MANIFEST, open_prepared  # noqa: E402
 from covidxray.train.input import assign_shards  # noqa: E402
 
 SHARDS = "shards"
@@ -40,11 +40,11 @@ def plan(
 ) -> list[HostPlan]:
     """One HostPlan per host that gets ranks, in hostfile order."""
     try:
-        load_manifest(data_dir)
+        data = open_prepared(data_dir)
     except UserError as err:
         raise ClusterError(str(err)) from None
     slots = place_ranks(hosts, num_proc)
-    splits = [shard_paths(data_dir, split) for split in ("train", "val")]
+    splits = [data.shards(split) for split in ("train", "val")]
     plans = {slot.hostname: HostPlan(slot.hostname) for slot in slots}
     for slot in slots:
         files = [

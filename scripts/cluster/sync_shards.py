@@ -35,7 +35,8 @@ from nodes import (  # noqa: E402
 )
 from shard_plan import SHARDS, HostPlan, add_plan_arguments, plan  # noqa: E402
 
-from covidxray.manifest import MANIFEST, manifest_sha256  # noqa: E402
+from covidxray.files import sha256_file  # noqa: E402
+from covidxray.manifest import MANIFEST  # noqa: E402
 
 
 def missing_on_host(
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ssh = ssh_from_args(args)
     root = args.nfs or args.remote_data_dir or str(data_dir)
     local = local_hosts(p.host for p in plans)
-    manifest_sha = manifest_sha256(data_dir)
+    manifest_sha = sha256_file(Path(data_dir) / MANIFEST)  # the file's bytes: the copy on each board must be this one
 
     def sync_one(host_plan: HostPlan) -> tuple[HostPlan, str, list[str]]:
         is_local = host_plan.host in local
