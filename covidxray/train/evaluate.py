@@ -29,6 +29,7 @@ from covidxray.run_folder import (
     EVALUATION,
     MODEL_FILE,
     TEST_PREDICTIONS,
+    ModelCard,
     external_copies_name,
     read_model_card,
     write_json,

@@ -23,7 +23,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -375,118 +375,19 @@ def _model_card(architecture: str, data: PreparedData) -> ModelCard:
 def _train_checked(config: Config, world: World, data: PreparedData, resume: bool, say: Callable[[str], None]) -> dict:
     """`train` once the shards are verified and rank 0 holds the run folder."""
     cfg, run_dir, manifest = config.train, Path(config.train.run_dir), data.manifest
-    labels, image_size = manifest.labels, manifest.image_size
-    train_records = manifest.splits["train"].records
-    if train_records == 0 or manifest.splits["val"].records == 0:
+    if manifest.splits["train"].records == 0 or manifest.splits["val"].records == 0:
         raise UserError(f"{data.path / MANIFEST}: train and val splits must both be non-empty")
 
     model, optimizer, by_source = _compiled_model(cfg, manifest, world)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    training = _starting_state(run_dir, checkpoint, world, resume, say)
-    state = world.make_state(model, optimizer, training)
-    card = _model_card(cfg.model, data)
+    state = world.make_state(model, optimizer, _starting_state(run_dir, checkpoint, world, resume, say))
     weights = (
-        class_weights(manifest.splits["train"].classes, labels, cfg.class_weight_power) if cfg.class_weights else None
+        class_weights(manifest.splits["train"].classes, manifest.labels, cfg.class_weight_power)
+        if cfg.class_weights
+        else None
     )
-
-    def attempt(state) -> dict:
-        """One `fit` with the current world; elastic jobs call it again after a membership change."""
-        steps_per_epoch = max(1, train_records // (cfg.batch_size * world.size))
-        every_split = InputSpec(  # the reading every split shares; each split adds its own
-            image_size=image_size,
-            num_classes=len(labels),
-            batch_size=cfg.batch_size,
-            rank=world.rank,
-            size=world.size,
-            threads=world.cores_per_rank,
-        )
-        train_ds, my_shards = make_dataset(
-            data.shards("train"),
-            replace(every_split.training_stream(cfg), by_source=by_source),
-        )
-        val_ds, _ = make_dataset(data.shards("val"), every_split)
-        scaled_lr = cfg.learning_rate * world.size  # the peak; LearningRateSchedule sets every step's LR
-        ranks = world.allgather_object(
-            {
-                "rank": world.rank,
-                "host": world.hostname,
-                "shards": [Path(f).name for f in my_shards.files],
-                "record_level_sharding": my_shards.record_level,
-            }
-        )
-        header = {
-            "world_size": world.size,
-            "elastic": world.elastic,
-            "steps_per_epoch": steps_per_epoch,
-            "ranks": ranks,
-            "horovod": world.tuning.record(),
-        }
-        recalibration = None
-        if cfg.bn_recalibration_images:
-            calibration_ds, _ = make_dataset(
-                data.shards("train"),
-                replace(every_split, training=True, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed + 1),
-            )
-            recalibration = calibration_ds, batches_per_rank(cfg.bn_recalibration_images, cfg.batch_size, world.size)
-            if cfg.freeze_batchnorm:  # measured once, before the first epoch, then fixed
-                if state.training.epoch == 0:
-                    say(f"measuring the frozen BN statistics on {cfg.bn_recalibration_images} training images")
-                    recompute_statistics(model, calibration_ds.take(recalibration[1]), world)
-                recalibration = None
-        board = None
-        if world.is_root:  # possibly a new rank 0 on another board, whose run dir is still empty
-            run_dir.mkdir(parents=True, exist_ok=True)
-            config.save(run_dir / CONFIG_FILE)
-            if cfg.tensorboard:  # also writes committed epochs the event files lack (resumed, or a new rank 0)
-                board = EpochBoard(run_dir / TENSORBOARD_DIR, labels, state.training.history)
-        callbacks = [
-            LearningRateSchedule(scaled_lr, cfg.warmup_epochs, cfg.epochs, steps_per_epoch, cfg.lr_schedule),
-            EndOfEpoch(
-                world,
-                state,
-                val_ds=val_ds,
-                recalibration=recalibration,
-                patience=cfg.early_stopping_patience,
-                run_dir=run_dir,
-                header=header,
-                images_per_epoch=steps_per_epoch * cfg.batch_size,
-                checkpoint=checkpoint,
-                card=card,
-                say=say,
-                board=board,
-            ),
-        ]
-        start = state.training  # as last committed: resumed, or rolled back after a lost worker
-        try:
-            if start.epoch < cfg.epochs and not start.stopped_early(cfg.early_stopping_patience):
-                say(
-                    f"training {cfg.model} on {train_records} images, {world.size} rank(s), {steps_per_epoch} steps/epoch, "
-                    f"lr {scaled_lr:g}, from epoch {start.epoch + 1} of {cfg.epochs}"
-                )
-                model.fit(
-                    train_ds,
-                    epochs=cfg.epochs,
-                    initial_epoch=start.epoch,
-                    steps_per_epoch=steps_per_epoch,
-                    class_weight=None if class_weights_in_stream(cfg) else weights,
-                    callbacks=callbacks,
-                    verbose=1 if world.is_root and os.isatty(1) else 0,
-                )
-        finally:
-            if board:
-                board.close()
-        end = state.training
-        # Proof that data parallelism kept the replicas identical: every rank's weight digest.
-        return {
-            **header,
-            "epochs": end.history,
-            "best": end.best,
-            "collapsed_epochs": end.collapsed_epochs(),
-            "optimizer_steps": int(optimizer.iterations.numpy()),
-            "weights_sha256_per_rank": world.allgather_object(weights_digest(model)),
-        }
-
-    log = world.run(attempt, state)
+    fit = Fit(config, world, data, model, optimizer, checkpoint, _model_card(cfg.model, data), by_source, weights, say)
+    log = world.run(fit.attempt, state)
     if world.is_root:
         write_json(run_dir / TRAIN_LOG, log)
         if log["best"].get(PREDICTED_CLASSES) == 1:
@@ -495,6 +396,147 @@ def _train_checked(config: Config, world: World, data: PreparedData, resume: boo
                 "it has not learned to tell the classes apart (see docs/training.md, 'A constant predictor')"
             )
     return log
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What every attempt of a run shares, built once before the first; an elastic job calls `attempt` again after
+    a membership change, with the world's new size and rank and the state as last committed."""
+
+    config: Config
+    world: World
+    data: PreparedData
+    model: tf.keras.Model
+    optimizer: Any
+    checkpoint: tf.train.Checkpoint
+    card: ModelCard
+    by_source: Any  # what the training stream must know of sources, or None
+    class_weights: dict[int, float] | None
+    say: Callable[[str], None]
+
+    def attempt(self, state) -> dict:
+        """One `fit` with the current world: its datasets, callbacks and the epochs still to run."""
+        cfg, world = self.config.train, self.world
+        steps_per_epoch = max(1, self.data.manifest.splits["train"].records // (cfg.batch_size * world.size))
+        every_split = InputSpec(  # the reading every split shares; each split adds its own
+            image_size=self.data.manifest.image_size,
+            num_classes=len(self.data.manifest.labels),
+            batch_size=cfg.batch_size,
+            rank=world.rank,
+            size=world.size,
+            threads=world.cores_per_rank,
+        )
+        train_ds, my_shards = make_dataset(
+            self.data.shards("train"), replace(every_split.training_stream(cfg), by_source=self.by_source)
+        )
+        header = self.header(steps_per_epoch, my_shards)
+        board = self.root_board(state)
+        peak_lr = cfg.learning_rate * world.size  # LearningRateSchedule sets every step's LR
+        callbacks = [
+            LearningRateSchedule(peak_lr, cfg.warmup_epochs, cfg.epochs, steps_per_epoch, cfg.lr_schedule),
+            EndOfEpoch(
+                world,
+                state,
+                val_ds=make_dataset(self.data.shards("val"), every_split)[0],
+                recalibration=self.recalibration(state, every_split),
+                patience=cfg.early_stopping_patience,
+                run_dir=Path(cfg.run_dir),
+                header=header,
+                images_per_epoch=steps_per_epoch * cfg.batch_size,
+                checkpoint=self.checkpoint,
+                card=self.card,
+                say=self.say,
+                board=board,
+            ),
+        ]
+        try:
+            self.fit_remaining_epochs(state, train_ds, steps_per_epoch, peak_lr, callbacks)
+        finally:
+            if board:
+                board.close()
+        return self.log(state, header)
+
+    def header(self, steps_per_epoch: int, my_shards) -> dict:
+        """The train log's description of this attempt's world: every rank's host and shards."""
+        world = self.world
+        ranks = world.allgather_object(
+            {
+                "rank": world.rank,
+                "host": world.hostname,
+                "shards": [Path(f).name for f in my_shards.files],
+                "record_level_sharding": my_shards.record_level,
+            }
+        )
+        return {
+            "world_size": world.size,
+            "elastic": world.elastic,
+            "steps_per_epoch": steps_per_epoch,
+            "ranks": ranks,
+            "horovod": world.tuning.record(),
+        }
+
+    def recalibration(self, state, every_split: InputSpec):
+        """(training images, batches per rank) to re-estimate BatchNorm statistics with after each epoch, or None;
+        with frozen BatchNorm they are measured once, before the first epoch, and then fixed."""
+        cfg = self.config.train
+        if not cfg.bn_recalibration_images:
+            return None
+        calibration_ds, _ = make_dataset(
+            self.data.shards("train"),
+            replace(every_split, training=True, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed + 1),
+        )
+        batches = batches_per_rank(cfg.bn_recalibration_images, cfg.batch_size, self.world.size)
+        if not cfg.freeze_batchnorm:
+            return calibration_ds, batches
+        if state.training.epoch == 0:
+            self.say(f"measuring the frozen BN statistics on {cfg.bn_recalibration_images} training images")
+            recompute_statistics(self.model, calibration_ds.take(batches), self.world)
+        return None
+
+    def root_board(self, state) -> EpochBoard | None:
+        """Rank 0's run folder and TensorBoard writer: possibly a new rank 0 on another board, whose run dir is still
+        empty; the board also writes committed epochs its event files lack (resumed, or a new rank 0)."""
+        cfg, run_dir = self.config.train, Path(self.config.train.run_dir)
+        if not self.world.is_root:
+            return None
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.config.save(run_dir / CONFIG_FILE)
+        return (
+            EpochBoard(run_dir / TENSORBOARD_DIR, self.data.manifest.labels, state.training.history)
+            if cfg.tensorboard
+            else None
+        )
+
+    def fit_remaining_epochs(self, state, train_ds, steps_per_epoch: int, peak_lr: float, callbacks: list) -> None:
+        cfg, world = self.config.train, self.world
+        start = state.training  # as last committed: resumed, or rolled back after a lost worker
+        if start.epoch >= cfg.epochs or start.stopped_early(cfg.early_stopping_patience):
+            return
+        self.say(
+            f"training {cfg.model} on {self.data.manifest.splits['train'].records} images, {world.size} rank(s), "
+            f"{steps_per_epoch} steps/epoch, lr {peak_lr:g}, from epoch {start.epoch + 1} of {cfg.epochs}"
+        )
+        self.model.fit(
+            train_ds,
+            epochs=cfg.epochs,
+            initial_epoch=start.epoch,
+            steps_per_epoch=steps_per_epoch,
+            class_weight=None if class_weights_in_stream(cfg) else self.class_weights,
+            callbacks=callbacks,
+            verbose=1 if world.is_root and os.isatty(1) else 0,
+        )
+
+    def log(self, state, header: dict) -> dict:
+        end = state.training
+        return {
+            **header,
+            "epochs": end.history,
+            "best": end.best,
+            "collapsed_epochs": end.collapsed_epochs(),
+            "optimizer_steps": int(self.optimizer.iterations.numpy()),
+            # Proof that data parallelism kept the replicas identical: every rank's weight digest.
+            "weights_sha256_per_rank": self.world.allgather_object(weights_digest(self.model)),
+        }
 
 
 def weights_digest(model: tf.keras.Model) -> str:
