@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,13 +25,17 @@ class Exporter:
     # (tf.lite.TFLiteConverter, representative images or None) -> None: sets optimisations and types
     configure: Callable[[Any, np.ndarray | None], None]
     needs_representative: bool = False  # calibration images (from the train split) for quantisation
+    # What the format writes or decides beyond the model pair, once that pair is written:
+    # (the .tflite path, its export report entry, class names, image size, export settings) -> entries to add.
+    # A `meets_bar: False` entry makes export fail after writing its report.
+    extras: Callable[[Path, dict, list[str], int, Any], dict] | None = None
 
 
 FORMATS: Registry[Exporter] = Registry("export format")
 
 
-def register_format(name: str, description: str, needs_representative: bool = False):
-    return lambda configure: FORMATS.add(name, Exporter(configure, needs_representative), description)
+def register_format(name: str, description: str, needs_representative: bool = False, extras=None):
+    return lambda configure: FORMATS.add(name, Exporter(configure, needs_representative, extras), description)
 
 
 @register_format("float32", "float32 weights and activations: the reference the other formats are checked against")
@@ -46,11 +51,22 @@ def _float16(converter, representative) -> None:
     converter.target_spec.supported_types = [tf.float16]
 
 
+def _int8_extras(tflite: Path, entry: dict, labels: list[str], image_size: int, settings) -> dict:
+    """The agreement bar (export.int8_min_agreement) and the C array for TensorFlow Lite Micro."""
+    from covidxray.export.c_array import write_c_array
+
+    return {
+        "meets_bar": entry["agreement"] >= settings.int8_min_agreement,
+        "c_array": [path.name for path in write_c_array(tflite, labels, image_size)],
+    }
+
+
 @register_format(
     "int8",
     "integer only, calibrated on train images: uint8 gray pixels in, uint8 probabilities out "
     "(also the C array for TensorFlow Lite Micro)",
     needs_representative=True,
+    extras=_int8_extras,
 )
 def _int8(converter, representative) -> None:
     import tensorflow as tf

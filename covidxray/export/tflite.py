@@ -33,7 +33,6 @@ from covidxray.edge.model_binding import bind
 from covidxray.edge.native_stderr import native_stderr_to
 from covidxray.errors import UserError
 from covidxray.export import source_profile
-from covidxray.export.c_array import write_c_array
 from covidxray.export.calibration import calibration_summary
 from covidxray.export.class_maps import served_model
 from covidxray.export.formats import FORMATS, check_formats
@@ -187,11 +186,13 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
             flatbuffer = convert(source.saved_model, fmt, source.representative)
         report[fmt] = export_format(source, fmt, flatbuffer, config.export, pixel_checks, say)
     write_json(run_dir / EXPORT_REPORT, report)
-    if not report.get("int8", {}).get("meets_bar", True):
+    below_bar = [fmt for fmt in formats if report[fmt].get("meets_bar") is False]  # written and reported first
+    if below_bar:
+        fmt = below_bar[0]
         raise UserError(
-            f"int8 model agrees with Keras on only {report['int8']['agreement']:.2%} of the test split "
+            f"{fmt} model agrees with Keras on only {report[fmt]['agreement']:.2%} of the test split "
             f"(bar: export.int8_min_agreement={config.export.int8_min_agreement:.2%}); do not deploy "
-            f"{run_dir / tflite_name('int8')}. Try more calibration images (export.representative_samples) "
+            f"{run_dir / tflite_name(fmt)}. Try more calibration images (export.representative_samples) "
             f"or deploy float16; see {run_dir / EXPORT_REPORT}"
         )
     return report
@@ -306,9 +307,9 @@ def export_format(
     write_model_pair(out, flatbuffer, sidecar)
     TFLiteClassifier(out)  # read back as predict reads it: the pair on disk is whole, bound and usable
     entry["bytes"] = len(flatbuffer)
-    if fmt == "int8":
-        entry["meets_bar"] = entry["agreement"] >= settings.int8_min_agreement
-        entry["c_array"] = [p.name for p in write_c_array(out, source.card.labels, source.card.image_size)]
+    extras = FORMATS.get(fmt).extras
+    if extras:
+        entry.update(extras(out, entry, source.card.labels, source.card.image_size, settings))
     if classifier.card.temperature["at_search_bound"]:
         say(
             f"warning: {fmt}: the temperature stopped at its search limit {entry['temperature']:.3g}: the val split "
