@@ -347,7 +347,12 @@ def collect_sources(
 
 
 def decode_images(
-    collected: Collected, config: DataConfig, task: Task, cache: ImageCache, progress: Progress, log
+    collected: Collected,
+    config: DataConfig,
+    task: Task,
+    cache: ImageCache,
+    progress: Progress,
+    log: Callable[[str], None],
 ) -> tuple[list[Record], dict[str, Decoded], dict[str, bytes]]:
     """Every image decoded once, through the cache: the records whose image decodes, each image's decoded
     outcome and file bytes. An image that does not decode joins `collected.dropped`, and one line per reason says so."""
