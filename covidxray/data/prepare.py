@@ -23,6 +23,7 @@ describe another data set than the live manifest without it showing.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import os
@@ -73,7 +74,6 @@ DUPLICATE_COLUMNS = [  # one row per removed copy; `kept_*` is the copy kept in 
     "kept_patient",
     "kept_label",
 ]
-MAX_DEDUP_DISTANCE = 32
 Progress = Callable[..., None]  # progress(done, total=None)
 
 
@@ -254,26 +254,6 @@ def stage_tables(
     return staged
 
 
-def _decode(
-    records: list[Record], config: DataConfig, cache: ImageCache, progress: Progress, log
-) -> tuple[list[Record], dict[str, Decoded], dict[str, bytes], list[tuple[str, Dropped]]]:
-    decoded, contents = cache.decode_configured([str(r.image) for r in records], config, progress, log)
-    usable, failed = [], []
-    for record in records:
-        outcome = decoded[str(record.image)]
-        if outcome.ok:
-            usable.append(record)
-        else:
-            failed.append((record.source, Dropped(f"image {outcome.reason}", str(record.image), outcome.detail)))
-    counts = Counter(f"{source}: {item.reason}" for source, item in failed)
-    examples: dict[str, str] = {}
-    for source, item in failed:
-        examples.setdefault(f"{source}: {item.reason}", f"{item.where}: {item.detail}")
-    for reason, example in examples.items():
-        log(f"skipped {counts[reason]} file(s) ({reason}), e.g. {example}")
-    return usable, decoded, contents, failed
-
-
 def _outcome(duplicate: dedup.Duplicate) -> str:
     if not duplicate.label_conflict:
         return "removed"
@@ -296,115 +276,33 @@ def _warn_of_missing_classes(task: Task, records: list[Record], where: str, log:
 
 
 def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[[str], None] = print) -> Manifest:
-    """Run the whole preparation; returns the manifest it wrote."""
+    """Run the whole preparation; returns the manifest it wrote.
+
+    collect -> decode -> dedupe -> split -> shard -> switch to the new manifest -> publish the tables.
+    """
     started = time.time()
     task = get_task(config.task)
-    if config.holdout_source and config.holdout_source not in config.sources:
-        raise UserError(
-            f"data.holdout_source: {config.holdout_source!r} is not one of the sources being prepared ({', '.join(config.sources)})"
-        )
-    if config.holdout_source and config.split == "source":
-        raise UserError(
-            "data.holdout_source makes the held-out source the whole test split; it cannot be combined with data.split: source"
-        )
-    if not -1 <= config.dedup_max_distance <= MAX_DEDUP_DISTANCE:
-        raise UserError(
-            f"data.dedup_max_distance={config.dedup_max_distance}: use -1 (exact duplicates only) to {MAX_DEDUP_DISTANCE}"
-        )
+    check_settings_together(config)
     progress = progress or (lambda done, total=None: None)
     out = output_folder(config.data_dir, "--data-dir")
     shard_dir = output_folder(out / SHARD_DIR, "--data-dir")
 
-    collected = collect_records(config, task, out / RAW_DIR)
-    dropped = collected.dropped
-    for line in override_hint(dropped):
-        log(line)
-    if not collected.records:
-        raise _no_records("records", task, config, dropped)
-    lacking = _warn_of_missing_classes(task, collected.records, f"sources {', '.join(config.sources)}", log)
+    collected, lacking = collect_sources(config, task, out / RAW_DIR, log)
     with ImageCache(cache_path(out, config.image_size, config.harmonise), log) as cache:
-        usable, decoded, contents, failed = _decode(collected.records, config, cache, progress, log)
-        dropped += failed
-        if not usable:
-            raise _no_records("images", task, config, dropped)
-        hashes = {str(r.image): (decoded[str(r.image)].pixel_sha256, decoded[str(r.image)].phash) for r in usable}
-        priorities = {name: dedup_priority(name) for name in config.sources}
-        features = {str(r.image): decoded[str(r.image)].features for r in usable}
-        deduped = dedup.deduplicate(
-            usable,
-            hashes,
-            priorities,
-            config.dedup_max_distance,
-            features,
-            config.dedup_min_inliers,
-            config.dedup_label_conflicts,
-            threads=workers_of(config),
-        )
-        if deduped.duplicates:
-            summary = deduped.summary()
-            log(
-                f"removed {summary['total']} duplicate image(s) ({summary['exact']} exact, {summary['perceptual']} perceptual, "
-                f"{summary['geometric']} geometric; {summary['label_conflicts_dropped']} dropped for a label conflict); "
-                f"merged {summary['patients_merged']} patient id(s); see {DUPLICATE_TABLE}"
-            )
-
-        splits, split_report = make_splits(
-            deduped.kept,
-            task,
-            config.split,
-            config.holdout_source,
-            config.val_fraction,
-            config.test_fraction,
-            config.seed,
-        )
-        if not lacking:
-            _warn_of_missing_classes(task, splits["train"], "the train split", log)
-        if split_report.get("patients_moved_to_test"):
-            log(
-                f"{split_report['patients_moved_to_test']} patient(s) had images on both sides of the {split_report['mode']} split: "
-                f"all their images went to test ({split_report['records_moved_to_test']} image(s) moved there)"
-            )
-        overlap = patients_overlap(splits)
-        if overlap:
-            raise AssertionError(f"patient split is unsound: {overlap[:5]} in several splits")
-        split_of = {(r.source, str(r.image)): name for name in SPLITS for r in splits[name]}
-        leaks = audit.find_leaks(split_of, deduped.kept, deduped.matches)
-        if leaks:  # the same check `covidxray audit` runs: no manifest for a split that leaks
-            raise UserError(
-                f"the split leaks ({len(leaks)} finding(s)), no manifest written: "
-                + "; ".join(leak.line() for leak in leaks[:5])
-            )
-
+        usable, decoded, contents = decode_images(collected, config, task, cache, progress, log)
+        deduped = dedupe(usable, decoded, config, log)
+        splits, split_report = split_records(deduped, task, config, lacking, log)
         plan = plan_shards(splits, config.records_per_shard)
         for partial in shard_dir.glob("*.partial"):  # a killed run's unfinished file; finished shards may be reused
             partial.unlink()
         decode_total = len({str(r.image) for r in collected.records})
         progress(0, decode_total + sum(len(chunk) for _, chunk in plan))
-        receipts, reused, staged = [], 0, {}
-        try:  # beside the current data set: its manifest and shards stay valid until the switch below
-            for planned, chunk in plan:
-                fingerprint = _fingerprint(chunk, task, config.image_size, decoded, config.harmonise)
-                path = shard_dir / _shard_name(planned, fingerprint)
-                receipt = _receipt_if_done(path, fingerprint, log)
-                if receipt is None:
-                    receipt = _write_shard(path, chunk, task, cache, contents, fingerprint, progress)
-                else:
-                    reused += 1
-                    progress(len(chunk))
-                receipts.append(receipt)
-            content = build_manifest(config, task, splits, receipts, dropped, deduped, collected.sources)
-            staged = stage_tables(out, task, splits, dropped, deduped.duplicates)
-            content |= {
-                "shards_reused": reused,
-                "split": split_report,
-                TABLE_SHA256: {name: sha256_file(path) for name, path in staged.items()},
-                "seconds": round(time.time() - started, 2),
-            }
-            previous = _listed_shards(out)
-            manifest = write_manifest(out, content)  # the switch: from here on this is the data set
+        try:  # beside the current data set: its manifest and shards stay valid until the switch
+            receipts, reused = write_shards(plan, shard_dir, task, config, cache, decoded, contents, progress, log)
+            manifest, staged, previous = switch_to_new_data_set(
+                out, config, task, collected, deduped, splits, split_report, receipts, reused, started
+            )
         except OSError as err:  # out of disk, most often
-            for path in staged.values():
-                discard(path)
             raise UserError(
                 f"writing the new data set into {out} failed ({err.strerror or err}); the previous data set there, if any, is "
                 f"untouched and still valid. Free some space (or use another --data-dir) and re-run prepare: finished shards are kept"
@@ -414,6 +312,193 @@ def prepare(config: DataConfig, progress: Progress | None = None, log: Callable[
         publish(path, out / name)
     _remove_unlisted_shards(shard_dir, {s.file for s in manifest.shards} | previous)
     return manifest
+
+
+def check_settings_together(config: DataConfig) -> None:
+    """What loading a config cannot check field by field: the hold-out source against the sources and the split.
+    The dedup distance's range is checked again because a DataConfig built in code never went through loading."""
+    if config.holdout_source and config.holdout_source not in config.sources:
+        raise UserError(
+            f"data.holdout_source: {config.holdout_source!r} is not one of the sources being prepared ({', '.join(config.sources)})"
+        )
+    if config.holdout_source and config.split == "source":
+        raise UserError(
+            "data.holdout_source makes the held-out source the whole test split; it cannot be combined with data.split: source"
+        )
+    (distance,) = [spec for spec in dataclasses.fields(DataConfig) if spec.name == "dedup_max_distance"]
+    low, high = distance.metadata["limits"]["low"], distance.metadata["limits"]["high"]
+    if not low <= config.dedup_max_distance <= high:
+        raise UserError(
+            f"data.dedup_max_distance={config.dedup_max_distance}: use {low} (exact duplicates only) to {high}"
+        )
+
+
+def collect_sources(
+    config: DataConfig, task: Task, raw_dir: Path, log: Callable[[str], None]
+) -> tuple[Collected, bool]:
+    """Every source's records of the task, and whether a class of the task has none (already said as a warning)."""
+    collected = collect_records(config, task, raw_dir)
+    for line in override_hint(collected.dropped):
+        log(line)
+    if not collected.records:
+        raise _no_records("records", task, config, collected.dropped)
+    lacking = _warn_of_missing_classes(task, collected.records, f"sources {', '.join(config.sources)}", log)
+    return collected, lacking
+
+
+def decode_images(
+    collected: Collected,
+    config: DataConfig,
+    task: Task,
+    cache: ImageCache,
+    progress: Progress,
+    log: Callable[[str], None],
+) -> tuple[list[Record], dict[str, Decoded], dict[str, bytes]]:
+    """Every image decoded once, through the cache: the records whose image decodes, each image's decoded
+    outcome and file bytes. An image that does not decode joins `collected.dropped`, and one line per reason says so."""
+    decoded, contents = cache.decode_configured([str(r.image) for r in collected.records], config, progress, log)
+    usable, failed = [], []
+    for record in collected.records:
+        outcome = decoded[str(record.image)]
+        if outcome.ok:
+            usable.append(record)
+        else:
+            failed.append((record.source, Dropped(f"image {outcome.reason}", str(record.image), outcome.detail)))
+    counts = Counter(f"{source}: {item.reason}" for source, item in failed)
+    examples: dict[str, str] = {}
+    for source, item in failed:
+        examples.setdefault(f"{source}: {item.reason}", f"{item.where}: {item.detail}")
+    for reason, example in examples.items():
+        log(f"skipped {counts[reason]} file(s) ({reason}), e.g. {example}")
+    collected.dropped += failed
+    if not usable:
+        raise _no_records("images", task, config, collected.dropped)
+    return usable, decoded, contents
+
+
+def dedupe(
+    usable: list[Record], decoded: dict[str, Decoded], config: DataConfig, log: Callable[[str], None]
+) -> dedup.DedupResult:
+    """Exact, perceptual and geometric copies removed (the preferred source's copy kept), said in one line."""
+    hashes = {str(r.image): (decoded[str(r.image)].pixel_sha256, decoded[str(r.image)].phash) for r in usable}
+    priorities = {name: dedup_priority(name) for name in config.sources}
+    features = {str(r.image): decoded[str(r.image)].features for r in usable}
+    deduped = dedup.deduplicate(
+        usable,
+        hashes,
+        priorities,
+        config.dedup_max_distance,
+        features,
+        config.dedup_min_inliers,
+        config.dedup_label_conflicts,
+        threads=workers_of(config),
+    )
+    if deduped.duplicates:
+        summary = deduped.summary()
+        log(
+            f"removed {summary['total']} duplicate image(s) ({summary['exact']} exact, {summary['perceptual']} perceptual, "
+            f"{summary['geometric']} geometric; {summary['label_conflicts_dropped']} dropped for a label conflict); "
+            f"merged {summary['patients_merged']} patient id(s); see {DUPLICATE_TABLE}"
+        )
+    return deduped
+
+
+def split_records(
+    deduped: dedup.DedupResult, task: Task, config: DataConfig, lacking: bool, log: Callable[[str], None]
+) -> tuple[dict[str, list[Record]], dict]:
+    """The kept records split by patient (or source) as configured: split name -> records, and the split's report.
+    `lacking`: the sources already miss a class, so the train split's missing classes go unsaid."""
+    splits, split_report = make_splits(
+        deduped.kept,
+        task,
+        config.split,
+        config.holdout_source,
+        config.val_fraction,
+        config.test_fraction,
+        config.seed,
+    )
+    if not lacking:
+        _warn_of_missing_classes(task, splits["train"], "the train split", log)
+    if split_report.get("patients_moved_to_test"):
+        log(
+            f"{split_report['patients_moved_to_test']} patient(s) had images on both sides of the {split_report['mode']} split: "
+            f"all their images went to test ({split_report['records_moved_to_test']} image(s) moved there)"
+        )
+    _refuse_unsound_split(splits, deduped)
+    return splits, split_report
+
+
+def _refuse_unsound_split(splits: dict[str, list[Record]], deduped: dedup.DedupResult) -> None:
+    overlap = patients_overlap(splits)
+    if overlap:
+        raise AssertionError(f"patient split is unsound: {overlap[:5]} in several splits")
+    split_of = {(r.source, str(r.image)): name for name in SPLITS for r in splits[name]}
+    leaks = audit.find_leaks(split_of, deduped.kept, deduped.matches)
+    if leaks:  # the same check `covidxray audit` runs: no manifest for a split that leaks
+        raise UserError(
+            f"the split leaks ({len(leaks)} finding(s)), no manifest written: "
+            + "; ".join(leak.line() for leak in leaks[:5])
+        )
+
+
+def write_shards(
+    plan: list[tuple[str, list[Record]]],
+    shard_dir: Path,
+    task: Task,
+    config: DataConfig,
+    cache: ImageCache,
+    decoded: dict[str, Decoded],
+    contents: dict[str, bytes],
+    progress: Progress,
+    log: Callable[[str], None],
+) -> tuple[list[dict], int]:
+    """Each planned shard written under its content name, or reused when an intact one is already there:
+    every shard's receipt, in plan order, and how many were reused."""
+    receipts, reused = [], 0
+    for planned, chunk in plan:
+        fingerprint = _fingerprint(chunk, task, config.image_size, decoded, config.harmonise)
+        path = shard_dir / _shard_name(planned, fingerprint)
+        receipt = _receipt_if_done(path, fingerprint, log)
+        if receipt is None:
+            receipt = _write_shard(path, chunk, task, cache, contents, fingerprint, progress)
+        else:
+            reused += 1
+            progress(len(chunk))
+        receipts.append(receipt)
+    return receipts, reused
+
+
+def switch_to_new_data_set(
+    out: Path,
+    config: DataConfig,
+    task: Task,
+    collected: Collected,
+    deduped: dedup.DedupResult,
+    splits: dict[str, list[Record]],
+    split_report: dict,
+    receipts: list[dict],
+    reused: int,
+    started: float,
+) -> tuple[Manifest, dict[str, Path], set[str]]:
+    """The tables staged beside their final names, then manifest.json replaced: from that rename on the new data
+    set is live. Returns its manifest, the staged tables (for the caller to publish) and the shards the previous
+    manifest listed (a reader may still be using them). On a failed write no staged table is left behind."""
+    content = build_manifest(config, task, splits, receipts, collected.dropped, deduped, collected.sources)
+    staged = stage_tables(out, task, splits, collected.dropped, deduped.duplicates)
+    try:
+        content |= {
+            "shards_reused": reused,
+            "split": split_report,
+            TABLE_SHA256: {name: sha256_file(path) for name, path in staged.items()},
+            "seconds": round(time.time() - started, 2),
+        }
+        previous = _listed_shards(out)
+        manifest = write_manifest(out, content)
+    except OSError:
+        for path in staged.values():
+            discard(path)
+        raise
+    return manifest, staged, previous
 
 
 def _listed_shards(data_dir: Path) -> set[str]:
