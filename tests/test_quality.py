@@ -221,6 +221,7 @@ def test_a_constant_predictor_is_reported_per_epoch_and_listed(tmp_path):
     """A model whose output ignores the image: val_predicted_classes is 1, the epoch log warns, the epoch is listed."""
     import tensorflow as tf
 
+    from covidxray.run_folder import ModelCard
     from covidxray.train.distributed import StaticState, World
     from covidxray.train.state import TrainingState
     from covidxray.train.trainer import EndOfEpoch
@@ -251,7 +252,7 @@ def test_a_constant_predictor_is_reported_per_epoch_and_listed(tmp_path):
         header={"steps_per_epoch": 1},
         images_per_epoch=16,
         checkpoint=tf.train.Checkpoint(model=model),
-        card={},
+        card=ModelCard(labels=["a", "b", "c"], image_size=8),
         say=said.append,
     )
     logs = {"loss": 1.0}
