@@ -53,10 +53,16 @@ def count_manifest_reads(monkeypatch) -> list[str]:
 
 
 @pytest.mark.slow
-def test_train_evaluate_and_export_each_read_the_manifest_once(synthetic_data, tmp_path, count_manifest_reads):
+def test_train_evaluate_and_export_each_read_the_manifest_once(
+    synthetic_data, tmp_path, count_manifest_reads, monkeypatch
+):
     from covidxray.export.tflite import export
+    from covidxray.train import distributed
     from covidxray.train.evaluate import evaluate
     from covidxray.train.trainer import train
+
+    # TensorFlow fixes its thread pools at its first use, which in the whole suite's process was an earlier test
+    monkeypatch.setattr(distributed, "configure_threads", lambda local_size: None)
 
     run_dir = tmp_path / "run"
     config = load_config(
