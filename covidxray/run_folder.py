@@ -8,8 +8,9 @@ pointer, which is the commit point of a resumable run: it names a complete
 checkpoint folder; unless train.tensorboard is false, also TENSORBOARD_DIR/. `export` writes SAVED_MODEL_DIR, one `tflite_name(fmt)`
 plus its `sidecar_path` per format, and EXPORT_REPORT. `evaluate` writes
 EVALUATION, and with `--external` one `external_copies_name(i)` table per
-external data set (the images dropped as copies), and TEST_PREDICTIONS. `report` writes REPORT_FILE. Every JSON file here is
-written atomically (`write_json`), so a reader sees the old or the new file.
+external data set (the images dropped as copies), and TEST_PREDICTIONS. `report` writes REPORT_FILE. The two
+reports' types, writer and reader are in covidxray/reports.py; `read_versioned` is how every versioned JSON file
+here is read. Every JSON file here is written atomically (`write_json`), so a reader sees the old or the new file.
 
 Imports only the standard library and covidxray's own light modules.
 """
