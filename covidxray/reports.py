@@ -44,17 +44,10 @@ class Rates:
 
 
 @dataclass(frozen=True)
-class OperatingPoint:
+class OperatingPoint(Rates):
     """The rates at a class's threshold chosen on the val split."""
 
     threshold: float
-    sensitivity: float | None
-    specificity: float | None
-    ppv: float | None
-    tp: int
-    fp: int
-    fn: int
-    tn: int
 
 
 @dataclass(frozen=True)
