@@ -118,8 +118,8 @@ def checked_externals(
     return opened
 
 
-def _split_table(data_dir: Path) -> list[tuple[str, Record]]:
-    path = data_dir / SPLIT_TABLE
+def _split_table(data: PreparedData) -> list[tuple[str, Record]]:
+    path = data.table(SPLIT_TABLE)
     if not path.is_file():
         raise UserError(f"{path} not found: the dedup check needs the table prepare writes; re-run `covidxray prepare`")
     with open(path, newline="") as handle:
@@ -154,9 +154,9 @@ def find_copies(
     Training images = the train and val splits of `training`; external = every image of `external`.
     """
     progress = progress or (lambda done, total=None: None)
-    training_records = [(split, r) for split, r in _split_table(training.path) if split in TRAINING_SPLITS]
+    training_records = [(split, r) for split, r in _split_table(training) if split in TRAINING_SPLITS]
     # prefixed ids: dedup never takes an external image for a follow-up of a training patient
-    external_records = [replace(r, patient_id=EXTERNAL_PATIENT + r.patient_id) for _, r in _split_table(external.path)]
+    external_records = [replace(r, patient_id=EXTERNAL_PATIENT + r.patient_id) for _, r in _split_table(external)]
     progress(0, len(training_records) + len(external_records))
     step = lambda done, total=None: progress(done)  # noqa: E731 - one bar over both data sets
     trained = _signatures(training, [r for _, r in training_records], config, step, log)
