@@ -244,8 +244,8 @@ def read_export_report(run_dir: Path) -> ExportReport:
 def _read(
     run_dir: Path, name: str, parse: Callable[[dict[str, Any], str], Report], kind: str, current: int, command: str
 ) -> Report:
-    path = run_dir / name
-    rerun = f"run `covidxray {command} --run-dir {run_dir}` again"
+    path, command_line = run_dir / name, f"covidxray {command} --run-dir {run_dir}"
     if not path.is_file():
-        raise UserError(f"{path} does not exist: {rerun.replace(' again', '')}")
-    return read_versioned(path, parse, Versioned(kind, current, f"{rerun} with this covidxray"), rerun)
+        raise UserError(f"{path} does not exist: run `{command_line}`")
+    other_version = Versioned(kind, current, f"run `{command_line}` again with this covidxray")
+    return read_versioned(path, parse, other_version, f"run `{command_line}` again")
