@@ -1,9 +1,10 @@
 """`covidxray train`: Keras fit over the shards, single process or one Horovod rank of many.
 
 Only rank 0 touches the run folder, through its `RunRecorder` (covidxray/train/recorder.py).
-Every write there is atomic (temp file or folder, then rename), and `checkpoints/latest.json` is the commit point: it
-names a complete checkpoint folder, so a run killed at any instant resumes
-from the last finished epoch with its optimizer state (`--resume`).
+Every write there is atomic (temp file or folder, then rename), and
+`checkpoints/latest.json` is the commit point: it names a complete checkpoint
+folder, so a run killed at any instant resumes from the last finished epoch
+with its optimizer state (`--resume`).
 
 What rank 0 would need to carry on (epoch, history, best score, early-stopping
 count) is a `TrainingState` replicated on every rank, so that in an elastic job
