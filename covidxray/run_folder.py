@@ -8,8 +8,9 @@ pointer, which is the commit point of a resumable run: it names a complete
 checkpoint folder; unless train.tensorboard is false, also TENSORBOARD_DIR/. `export` writes SAVED_MODEL_DIR, one `tflite_name(fmt)`
 plus its `sidecar_path` per format, and EXPORT_REPORT. `evaluate` writes
 EVALUATION, and with `--external` one `external_copies_name(i)` table per
-external data set (the images dropped as copies), and TEST_PREDICTIONS. `report` writes REPORT_FILE. Every JSON file here is
-written atomically (`write_json`), so a reader sees the old or the new file.
+external data set (the images dropped as copies), and TEST_PREDICTIONS. `report` writes REPORT_FILE. The two
+reports' types, writer and reader are in covidxray/reports.py; `read_versioned` is how every versioned JSON file
+here is read. Every JSON file here is written atomically (`write_json`), so a reader sees the old or the new file.
 
 Imports only the standard library and covidxray's own light modules.
 """
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from covidxray.errors import UserError
 from covidxray.files import atomic_write
@@ -42,6 +44,8 @@ TEST_PREDICTIONS = "test_predictions.npz"  # evaluate: every test image's probab
 REPORT_FILE = "report.html"  # `covidxray report`: the run's model card (covidxray/report/)
 DEFAULT_FORMAT = "float32"
 CARD_VERSION = 1  # MODEL_CARD's layout: a reader refuses any other
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -131,20 +135,43 @@ def read_model_card(run_dir: Path) -> ModelCard:
     model_path, card_path = run_dir / MODEL_FILE, run_dir / MODEL_CARD
     if not model_path.is_file() or not card_path.is_file():
         raise UserError(f"no trained model in {run_dir} ({MODEL_FILE}, {MODEL_CARD}): run `covidxray train` first")
+    return read_versioned(
+        card_path,
+        lambda content, where: from_dict(ModelCard, content, where),
+        Versioned("a model card", CARD_VERSION, f"use the covidxray that trained it, or train again into {run_dir}"),
+        f"train again into {run_dir}, or restore the file",
+    )
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """How a reader of one kind of versioned JSON file names it and what it tells the user of a file of another
+    version."""
+
+    kind: str  # "a model card"
+    current: int  # the version this covidxray writes and reads
+    other_version: str  # what to do with a file of another version
+
+
+def read_versioned(path: Path, parse: Callable[[dict[str, Any], str], T], versioned: Versioned, remedy: str) -> T:
+    """`parse(content, where)` of the JSON object in `path`, where = the path (ConfigError names the key under it);
+    a UserError naming the file when it is not JSON, not an object, of another version than `versioned.current`
+    (a file without `version` was written before the field existed, in the first layout) or does not parse, with
+    `remedy` (or `versioned.other_version`) saying what to do."""
     try:
-        content = json.loads(card_path.read_bytes())
+        content = json.loads(path.read_bytes())
     except (ValueError, OSError, RecursionError) as err:
         content = f"{type(err).__name__}: {err}"
     if not isinstance(content, dict):
         detail = content if isinstance(content, str) else f"a JSON {type(content).__name__}, not an object"
-        raise UserError(f"{card_path} is damaged ({detail}): train again into {run_dir}, or restore the file")
-    version = foreign_version(content, "version", CARD_VERSION)
+        raise UserError(f"{path} is damaged ({detail}): {remedy}")
+    version = foreign_version(content, "version", versioned.current)
     if version is not None:
         raise UserError(
-            f"{card_path} is a model card of version {version!r}, written by another version of covidxray; "
-            f"this one reads version {CARD_VERSION}: use the covidxray that trained it, or train again into {run_dir}"
+            f"{path} is {versioned.kind} of version {version!r}, written by another version of covidxray; this one "
+            f"reads version {versioned.current}: {versioned.other_version}"
         )
     try:
-        return from_dict(ModelCard, content, str(card_path))
+        return parse(content, str(path))
     except ConfigError as err:
-        raise UserError(f"{card_path} is damaged ({err}): train again into {run_dir}, or restore the file") from None
+        raise UserError(f"{path} is damaged ({err}): {remedy}") from None

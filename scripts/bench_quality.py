@@ -166,6 +166,8 @@ def test_predictions(run_dir: Path, data_dir: Path) -> tuple[np.ndarray, np.ndar
 
 
 def main() -> None:
+    from covidxray.reports import read_evaluation_report
+
     bench = _bench.Bench("quality", __doc__)
     bench.parser.add_argument("--recipe", choices=sorted(RECIPES), default="kaggle-pneumonia")
     bench.parser.add_argument(
@@ -238,10 +240,10 @@ def main() -> None:
 
     labels, probabilities, class_names = test_predictions(run_dir, data_dir)
     point = point_metrics(labels, probabilities, class_names)
-    evaluation = json.loads((run_dir / "evaluation.json").read_text())
-    if abs(evaluation["accuracy"] - point["accuracy"]) > 1e-9:  # the same model on the same split: must agree
+    evaluation = read_evaluation_report(run_dir)
+    if abs(evaluation.accuracy - point["accuracy"]) > 1e-9:  # the same model on the same split: must agree
         sys.exit(
-            f"covidxray evaluate and this bench disagree on the test accuracy: {evaluation['accuracy']} vs {point['accuracy']}"
+            f"covidxray evaluate and this bench disagree on the test accuracy: {evaluation.accuracy} vs {point['accuracy']}"
         )
     intervals = bootstrap_intervals(labels, probabilities, class_names, args.bootstrap)
     train_log = json.loads((run_dir / "train_log.json").read_text())
@@ -258,7 +260,7 @@ def main() -> None:
         "majority_baseline": float(np.bincount(labels, minlength=len(class_names)).max() / labels.size),
         "metrics": point,
         "ci95": intervals,
-        "ece": evaluation["calibration"]["ece"],
+        "ece": evaluation.calibration.ece,
         "epochs_run": len(train_log["epochs"]),
         "best_epoch": train_log["best"].get("epoch"),
         "best_val_auc": train_log["best"].get("val_auc"),
@@ -353,6 +355,7 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
     import tensorflow as tf
 
     from covidxray.manifest import open_prepared
+    from covidxray.reports import read_evaluation_report
     from covidxray.train.external import predict_records
 
     task = recipe.get("fold_task", {}).get(held, recipe["task"])
@@ -375,21 +378,21 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
         ),
         timeout=7200,
     )
-    evaluation = json.loads((run_dir / "evaluation.json").read_text())
-    (external,) = evaluation["external"]
-    names = evaluation["labels"]
+    evaluation = read_evaluation_report(run_dir)
+    (external,) = evaluation.external
+    names = evaluation.labels
     model = tf.keras.models.load_model(run_dir / "model.keras", compile=False)
     held_probs, held_labels, _, dropped = predict_records(
-        model, open_prepared(held_dir), set(external["dropped_record_ids"])
+        model, open_prepared(held_dir), set(external.dropped_record_ids)
     )
     labels, probabilities, _ = test_predictions(run_dir, training_dir)
     for what, mine, theirs in (
-        ("test", (probabilities.argmax(1) == labels).mean(), evaluation["accuracy"]),
-        (held, (held_probs.argmax(1) == held_labels).mean(), external["accuracy"]),
+        ("test", (probabilities.argmax(1) == labels).mean(), evaluation.accuracy),
+        (held, (held_probs.argmax(1) == held_labels).mean(), external.accuracy),
     ):
         if abs(mine - theirs) > 1e-9:  # the same model on the same images: must agree
             sys.exit(f"covidxray evaluate and this bench disagree on the {what} accuracy: {theirs} vs {mine}")
-    profile = source_profile_flags(model, training_dir, held_dir, set(external["dropped_record_ids"]))
+    profile = source_profile_flags(model, training_dir, held_dir, set(external.dropped_record_ids))
     train_classes = open_prepared(training_dir).manifest.splits["train"].classes
     trained_classes = [c for c, name in enumerate(names) if train_classes[name]]
     train_log = json.loads((run_dir / "train_log.json").read_text())
@@ -418,13 +421,13 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
         "in_sample": _scored(labels, probabilities, names, args.bootstrap, trained_classes),
         "held_out_set": {
             **_scored(held_labels, held_probs, names, args.bootstrap, trained_classes),
-            "images_prepared": external["images_prepared"],
-            "dropped_as_copies": external["dropped_as_copies"],
-            "dropped_by_kind": external["dropped_by_kind"],
-            "dropped_unchecked": external["dropped_unchecked"],
-            "ece": external["ece"],
+            "images_prepared": external.images_prepared,
+            "dropped_as_copies": external.dropped_as_copies,
+            "dropped_by_kind": external.dropped_by_kind,
+            "dropped_unchecked": external.dropped_unchecked,
+            "ece": external.ece,
         },
-        "ece_in_sample": evaluation["calibration"]["ece"],
+        "ece_in_sample": evaluation.calibration.ece,
         "source_profile": profile,
         "epochs_run": len(train_log["epochs"]),
         "best_epoch": train_log["best"].get("epoch"),

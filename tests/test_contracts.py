@@ -18,6 +18,7 @@ CONTRACTS = [
     "covidxray.registry",
     "covidxray.strict",
     "covidxray.sidecar",
+    "covidxray.reports",
 ]
 EDGE_FORBIDDEN = ["tensorflow", "keras", "tf_keras", "horovod"]
 HEAVY = ["tensorflow", "cv2", "sqlite3", "multiprocessing", "horovod", "covidxray.sources"]

@@ -6,6 +6,7 @@ import builtins
 import hashlib
 import json
 import pathlib
+import re
 import shutil
 from pathlib import Path
 
@@ -89,6 +90,17 @@ def test_train_evaluate_and_export_each_read_the_manifest_once(
     report = export(config, say=lambda _: None)
     assert len(count_manifest_reads) == 1, count_manifest_reads
     assert report["dataset_id"] == dataset_id_of(manifest) and report["data_is_training_data"] is True
+
+    # evaluate --external: one reading of the training set (also for the copy check) and one of the external set
+    from covidxray.data.prepare import prepare
+
+    external_dir = tmp_path / "external"
+    external = {"sources": {"synthetic": {"patients": 60, "seed": 1}}, "data_dir": str(external_dir), "image_size": 64}
+    prepare(load_config(None, [{"data": external}]).data)
+    count_manifest_reads.clear()
+    evaluated = evaluate(config, say=lambda _: None, externals=[str(external_dir)])
+    assert sorted(map(Path, count_manifest_reads)) == sorted([synthetic_data / MANIFEST, external_dir / MANIFEST])
+    assert evaluated.external[0].data_dir == str(external_dir)
 
 
 def test_the_data_set_id_is_the_recorded_content_hash(synthetic_data):
@@ -185,3 +197,129 @@ def test_the_sidecar_loader_is_strict_and_versioned():
         required = ("labels", "image_size", "temperature", "ood", "layout", "orientation")
         with pytest.raises(SidecarError, match=words):
             read_sidecar(content, required if name == "missing gate" else ("labels", "image_size"))
+
+
+def an_evaluation_report() -> dict:
+    """evaluation.json as `covidxray evaluate` writes it for a two-class model, by hand (one external set)."""
+    rates = {"sensitivity": 0.75, "specificity": None, "ppv": 1.0, "tp": 3, "fp": 0, "fn": 1, "tn": 0}
+    per_class = {
+        "normal": {"support": 4, "roc_auc": 0.8, "argmax": rates, "operating_point": {"threshold": 0.4, **rates}},
+        "pneumonia": {"support": 0, "roc_auc": None, "argmax": rates, "operating_point": None},
+    }
+    metrics = {
+        "images": 4,
+        "accuracy": 0.75,
+        "macro_roc_auc": 0.8,
+        "labels": ["normal", "pneumonia"],
+        "confusion_matrix": [[3, 1], [0, 0]],
+        "per_class": per_class,
+    }
+    source = {**metrics, "classes": {"normal": 4, "pneumonia": 0}, "ece": 0.1, "train_images": 9, "unseen": False}
+    copy = {"kind": "exact", "evidence": "same pixels", "external_source": "s", "external_image": "a.png"}
+    external = {
+        **metrics,
+        "data_dir": "/data/external",
+        "images_prepared": 6,
+        "classes": {"normal": 4, "pneumonia": 0},
+        "untrained_classes": {},
+        "dropped_as_copies": 1,
+        "dropped_by_kind": {"exact": 1},
+        "dropped_unchecked": 1,
+        "copies_table": "external_copies_1.csv",
+        "copies": [{**copy, "training_split": "train", "training_image": "b.png"}],
+        "dropped_record_ids": ["r1", "r2"],
+        "ece": 0.2,
+        "per_source": {"s": source},
+    }
+    bins = [{"low": 0.0, "high": 0.5, "count": 0, "accuracy": None, "confidence": None}]
+    return {
+        **metrics,
+        "calibration": {"ece": 0.1, "classwise_ece": 0.05, "bins": 1, "binning": "words", "reliability": bins},
+        "per_source": {"s": source},
+        "split": "test",
+        "thresholds": {"chosen_on": "val", "rule": "Youden J", "val_images": 5, "per_class": {"normal": 0.4}},
+        "model": {"file": "/run/model.keras", "architecture": "small_cnn", "best_epoch": 3},
+        "data_dir": "/data/training",
+        "data_is_training_data": True,
+        "external": [external],
+    }
+
+
+def an_export_report() -> dict:
+    """export_report.json as `covidxray export` writes it for float32 and int8, by hand."""
+    entry = {
+        "file": "model-float32.tflite",
+        "agreement": 1.0,
+        "accuracy": 0.9,
+        "accuracy_delta": 0.0,
+        "temperature": 1.2,
+        "val_ece_before_after": [0.1, 0.05],
+        "ood_threshold": 7.5,
+        "test_over_ood_threshold": 0.01,
+        "layout_threshold": 3.0,
+        "test_over_layout_threshold": 0.0,
+        "test_not_upright": 0.0,
+        "bytes": 123456,
+    }
+    return {
+        "keras": {"file": "model.keras", "bytes": 200000, "accuracy": 0.9},
+        "saved_model": "saved_model",
+        "test_images": 50,
+        "dataset_id": "ab" * 32,
+        "data_is_training_data": True,
+        "int8_min_agreement": 0.97,
+        "float32": entry,
+        "int8": {**entry, "file": "model-int8.tflite", "meets_bar": True, "c_array": ["model_int8.cc", "model_int8.h"]},
+    }
+
+
+def test_the_evaluation_and_export_reports_load_strictly_and_round_trip(tmp_path):
+    from covidxray.reports import (
+        read_evaluation_report,
+        read_export_report,
+        write_evaluation_report,
+        write_export_report,
+    )
+
+    cases = [
+        ("evaluation.json", an_evaluation_report, read_evaluation_report, write_evaluation_report, "an evaluation"),
+        ("export_report.json", an_export_report, read_export_report, write_export_report, "an export"),
+    ]
+    for name, content, read, write, kind in cases:
+        written_by_hand = tmp_path / "by-hand"
+        written_by_hand.mkdir(exist_ok=True)
+        (written_by_hand / name).write_text(json.dumps(content()))  # no version: written before the field existed
+        loaded = read(written_by_hand)
+        assert loaded.version == 1
+        again = tmp_path / "again"
+        again.mkdir(exist_ok=True)
+        write(again, loaded)
+        assert read(again) == loaded
+        # what is written is what the command wrote before the version field, and the version
+        assert json.loads((again / name).read_text()) == {**content(), "version": 1}
+
+        (written_by_hand / name).write_text(json.dumps({**content(), "version": 2}))
+        words = re.escape(f"{written_by_hand / name} is {kind} report of version 2, written by another version of")
+        with pytest.raises(UserError, match=words):
+            read(written_by_hand)
+    path = tmp_path / "by-hand" / "evaluation.json"
+    wrong = an_evaluation_report()
+    wrong["per_class"]["normal"]["support"] = "four"
+    path.write_text(json.dumps(wrong))
+    with pytest.raises(UserError, match=re.escape(f"{path} is damaged ({path}.per_class.normal.support: expected int")):
+        read_evaluation_report(path.parent)
+    path.write_text(json.dumps({**an_evaluation_report(), "data_is_training_data": "perhaps"}))
+    with pytest.raises(UserError, match=r"evaluation\.json\.data_is_training_data: expected true/false"):
+        read_evaluation_report(path.parent)
+    path = tmp_path / "by-hand" / "export_report.json"
+    wrong = an_export_report()
+    wrong["int8"]["agreement"] = "high"
+    path.write_text(json.dumps(wrong))
+    with pytest.raises(UserError, match=re.escape(f"{path} is damaged ({path}.int8.agreement: expected float")):
+        read_export_report(path.parent)
+    path.write_text(json.dumps({**an_export_report(), "test_images": [50]}))
+    with pytest.raises(UserError, match=r"export_report\.json\.test_images: expected int"):
+        read_export_report(path.parent)
+    path.write_text(json.dumps({**an_export_report(), "float16": 3}))
+    with pytest.raises(UserError, match=r"export_report\.json\.float16: expected a format's entry"):
+        read_export_report(path.parent)

@@ -223,6 +223,7 @@ def test_a_constant_predictor_is_reported_per_epoch_and_listed(tmp_path):
 
     from covidxray.run_folder import ModelCard
     from covidxray.train.distributed import StaticState, World
+    from covidxray.train.recorder import RunRecorder
     from covidxray.train.state import TrainingState
     from covidxray.train.trainer import EndOfEpoch
 
@@ -248,12 +249,12 @@ def test_a_constant_predictor_is_reported_per_epoch_and_listed(tmp_path):
         val_ds=val,
         recalibration=None,
         patience=0,
-        run_dir=tmp_path,
         header={"steps_per_epoch": 1},
         images_per_epoch=16,
-        checkpoint=tf.train.Checkpoint(model=model),
-        card=ModelCard(labels=["a", "b", "c"], image_size=8),
         say=said.append,
+        recorder=RunRecorder(
+            tmp_path, tf.train.Checkpoint(model=model), ModelCard(labels=["a", "b", "c"], image_size=8), None
+        ),
     )
     logs = {"loss": 1.0}
     end_of_epoch.set_model(model)

@@ -110,6 +110,7 @@ def test_each_epoch_end_checkpoints_the_best_and_early_stopping_state_it_decided
     import numpy as np
 
     from covidxray.train.distributed import StaticState, World
+    from covidxray.train.recorder import RunRecorder
     from covidxray.train.state import TrainingState
     from covidxray.train.trainer import EndOfEpoch, _restore
 
@@ -122,12 +123,12 @@ def test_each_epoch_end_checkpoints_the_best_and_early_stopping_state_it_decided
         val_ds=_two_feature_validation_set(),
         recalibration=None,
         patience=2,
-        run_dir=tmp_path,
         header={"steps_per_epoch": 1},
         images_per_epoch=16,
-        checkpoint=checkpoint,
-        card=ModelCard(labels=["a", "b"], image_size=64, model="two-feature"),
         say=said.append,
+        recorder=RunRecorder(
+            tmp_path, checkpoint, ModelCard(labels=["a", "b"], image_size=64, model="two-feature"), None
+        ),
     )
     end_of_epoch.set_model(model)
     reads_noise, reads_label, reads_negated_label = [[0, 0], [0, 1]], [[0, 1], [0, 0]], [[1, 0], [0, 0]]

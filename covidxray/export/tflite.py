@@ -40,6 +40,7 @@ from covidxray.export.input_scaling import fold_input_scaling
 from covidxray.export.keras_file import load_keras_model
 from covidxray.files import atomic_path, sha256_file, signals_held
 from covidxray.manifest import PreparedData, check_model_matches, open_prepared, require_intact_shards
+from covidxray.reports import export_report, write_export_report
 from covidxray.run_folder import (
     CONVERTER_LOG,
     EXPORT_REPORT,
@@ -49,7 +50,6 @@ from covidxray.run_folder import (
     read_model_card,
     sidecar_path,
     tflite_name,
-    write_json,
 )
 from covidxray.sidecar import SIDECAR_VERSION
 
@@ -163,12 +163,13 @@ class ExportSource:
 
 
 def export(config: Config, say: Callable[[str], None] = print) -> dict:
-    """Write saved_model/, model-<fmt>.tflite + sidecar per format, the int8 C array and export_report.json."""
+    """Write saved_model/, model-<fmt>.tflite + sidecar per format, the int8 C array and export_report.json;
+    returns the report as written."""
     formats = check_formats(config.export.formats)
     run_dir = Path(config.train.run_dir)
     card, data, same_data = _training_data(config, say)
     source = _convert_source(run_dir, card, data, formats, config.export.representative_samples, say)
-    report: dict[str, Any] = {
+    content: dict[str, Any] = {
         "keras": {
             "file": MODEL_FILE,
             "bytes": (run_dir / MODEL_FILE).stat().st_size,
@@ -184,18 +185,19 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     for fmt in formats:
         with native_stderr_to(run_dir / CONVERTER_LOG):
             flatbuffer = convert(source.saved_model, fmt, source.representative)
-        report[fmt] = export_format(source, fmt, flatbuffer, config.export, pixel_checks, say)
-    write_json(run_dir / EXPORT_REPORT, report)
-    below_bar = [fmt for fmt in formats if report[fmt].get("meets_bar") is False]  # written and reported first
+        content[fmt] = export_format(source, fmt, flatbuffer, config.export, pixel_checks, say)
+    report = export_report(content)
+    write_export_report(run_dir, report)
+    below_bar = [fmt for fmt, entry in report.formats.items() if entry.meets_bar is False]  # written and reported first
     if below_bar:
         fmt = below_bar[0]
         raise UserError(
-            f"{fmt} model agrees with Keras on only {report[fmt]['agreement']:.2%} of the test split "
+            f"{fmt} model agrees with Keras on only {report.formats[fmt].agreement:.2%} of the test split "
             f"(bar: export.int8_min_agreement={config.export.int8_min_agreement:.2%}); do not deploy "
             f"{run_dir / tflite_name(fmt)}. Try more calibration images (export.representative_samples) "
             f"or deploy float16; see {run_dir / EXPORT_REPORT}"
         )
-    return report
+    return report.to_json()
 
 
 def _training_data(config: Config, say: Callable[[str], None]) -> tuple[ModelCard, PreparedData, bool]:

@@ -1,7 +1,7 @@
 """What the report reads: the run folder's files and the prepared data's, each either read or named as missing.
 
 A file that is absent, unreadable or not what it should be (not JSON, not a mapping) is never guessed around:
-`json`/`yaml`/`rows`/`binary` return None, and the section that wanted it says "missing" with the reason
+`json`/`yaml`/`rows`/`binary` (and `artifact`, for a file with a typed reader) return None, and the section that wanted it says "missing" with the reason
 `why_missing` gives. Only reads; nothing here writes.
 """
 
@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
+from covidxray.errors import UserError
 from covidxray.manifest import MANIFEST
 from covidxray.run_folder import CONFIG_FILE
+
+Artifact = TypeVar("Artifact")
 
 
 class RunFiles:
@@ -54,6 +58,19 @@ class RunFiles:
             self.problems[name] = f"{self.path(name, in_data)} is not a JSON object"
             return None
         return value
+
+    def artifact(self, name: str, read: Callable[[Path], Artifact]) -> Artifact | None:
+        """The run folder's `name` loaded by its own reader (`read(run_dir)`, covidxray/reports.py), or None with
+        the reader's words on what is wrong with it."""
+        path = self.run_dir / name
+        if not path.is_file():
+            self.problems[name] = f"{path} does not exist"
+            return None
+        try:
+            return read(self.run_dir)
+        except UserError as err:
+            self.problems[name] = str(err)
+            return None
 
     def manifest(self) -> dict | None:
         return self.json(MANIFEST, in_data=True)

@@ -11,6 +11,14 @@ from covidxray.data.composition import SOURCE_TRAITS
 from covidxray.manifest import DROPPED_TABLE, DUPLICATE_TABLE, MANIFEST, SPLITS
 from covidxray.report.html import esc, figure, missing, number, png, pointer, ref, table, text_from
 from covidxray.report.run_files import RunFiles
+from covidxray.reports import (
+    ClassMetrics,
+    ExternalReport,
+    SourceMetrics,
+    Thresholds,
+    read_evaluation_report,
+    read_export_report,
+)
 from covidxray.run_folder import CONFIG_FILE, EVALUATION, EXPORT_REPORT, MODEL_CARD, TRAIN_LOG, sidecar_path
 
 TOP_REASONS = 5
@@ -43,9 +51,10 @@ def _recorded(mapping: dict, key: str, source: str) -> str:
     return text_from(mapping[key], source) if key in mapping else "not recorded"
 
 
-def _figures(entry: dict, at: str, keys: tuple[str, ...]) -> list[str]:
-    """The figures `keys` of `entry`, which sits at `at` (file#pointer) in its file."""
-    return [figure(entry.get(key), at + pointer(key)) for key in keys]
+def _figures(entry: object, at: str, keys: tuple[str, ...]) -> list[str]:
+    """The figures `keys` of `entry` (a report's typed entry; None: not there, each figure n/a), which sits at `at`
+    (file#pointer) in its file."""
+    return [figure(getattr(entry, key) if entry is not None else None, at + pointer(key)) for key in keys]
 
 
 def _rerun(command: str) -> str:
@@ -266,26 +275,26 @@ def _epoch_table(epochs: list[dict]) -> str:
 
 
 def evaluation(files: RunFiles, plots: dict[str, bytes | None]) -> str:
-    report = files.json(EVALUATION)
+    report = files.artifact(EVALUATION, read_evaluation_report)
     if report is None:
         return missing(
             f"the evaluation ({EVALUATION})",
             files.why_missing(EVALUATION) + ". " + _rerun("covidxray evaluate --run-dir RUN --data-dir DATA"),
         )
     at = EVALUATION + "#"
-    calibration = report.get("calibration", {})
+    calibration = report.calibration
     parts = [
-        f"<p>Split {_recorded(report, 'split', at + pointer('split'))}: "
-        f"{figure(report.get('images'), at + pointer('images'))} images, accuracy "
-        f"{figure(report.get('accuracy'), at + pointer('accuracy'))}, macro ROC AUC "
-        f"{figure(report.get('macro_roc_auc'), at + pointer('macro_roc_auc'))}, ECE "
-        f"{figure(calibration.get('ece'), at + pointer('calibration', 'ece'))} "
-        f"({figure(calibration.get('bins'), at + pointer('calibration', 'bins'))} bins). "
+        f"<p>Split {text_from(report.split, at + pointer('split'))}: "
+        f"{figure(report.images, at + pointer('images'))} images, accuracy "
+        f"{figure(report.accuracy, at + pointer('accuracy'))}, macro ROC AUC "
+        f"{figure(report.macro_roc_auc, at + pointer('macro_roc_auc'))}, ECE "
+        f"{figure(calibration.ece, at + pointer('calibration', 'ece'))} "
+        f"({figure(calibration.bins, at + pointer('calibration', 'bins'))} bins). "
         "Confidence intervals: evaluation.json holds none, so none are shown.</p>",
-        _per_class(report.get("per_class", {}), at + pointer("per_class")),
-        _thresholds(report.get("thresholds", {})),
-        _per_source(report.get("per_source", {})),
-        _external(report.get("external", [])),
+        _per_class(report.per_class, at + pointer("per_class")),
+        _thresholds(report.thresholds),
+        _per_source(report.per_source),
+        _external(report.external),
         "<h3>ROC, confusion matrix, reliability</h3><div class='figures'>",
     ]
     for name, data in plots.items():
@@ -294,16 +303,17 @@ def evaluation(files: RunFiles, plots: dict[str, bytes | None]) -> str:
     return "".join(parts)
 
 
-def _per_class(per_class: dict, at: str) -> str:
+def _per_class(per_class: dict[str, ClassMetrics], at: str) -> str:
     rows = []
     for name, entry in per_class.items():
         here = at + pointer(name)
-        point = entry.get("operating_point") or {}
+        point = entry.operating_point
+        rates = ("sensitivity", "specificity", "ppv")
         rows.append(
             [esc(name)]
             + _figures(entry, here, ("support", "roc_auc"))
-            + _figures(entry.get("argmax", {}), here + pointer("argmax"), ("sensitivity", "specificity", "ppv"))
-            + _figures(point, here + pointer("operating_point"), ("threshold", "sensitivity", "specificity", "ppv"))
+            + _figures(entry.argmax, here + pointer("argmax"), rates)
+            + _figures(point, here + pointer("operating_point"), ("threshold", *rates))
         )
     headers = [
         "class",
@@ -320,23 +330,23 @@ def _per_class(per_class: dict, at: str) -> str:
     return "<h3>Per class</h3>" + table(headers, rows)
 
 
-def _thresholds(thresholds: dict) -> str:
+def _thresholds(thresholds: Thresholds) -> str:
     at = ref(EVALUATION, "thresholds")
     return (
-        f"<p>Thresholds: chosen on {_recorded(thresholds, 'chosen_on', at + pointer('chosen_on'))} "
-        f"({figure(thresholds.get('val_images'), at + pointer('val_images'))} images), rule "
-        f"{_recorded(thresholds, 'rule', at + pointer('rule'))}.</p>"
+        f"<p>Thresholds: chosen on {text_from(thresholds.chosen_on, at + pointer('chosen_on'))} "
+        f"({figure(thresholds.val_images, at + pointer('val_images'))} images), rule "
+        f"{text_from(thresholds.rule, at + pointer('rule'))}.</p>"
     )
 
 
-def _per_source(per_source: dict) -> str:
+def _per_source(per_source: dict[str, SourceMetrics]) -> str:
     if not per_source:
         return "<h3>Per source</h3><p>evaluation.json has no per-source metrics.</p>"
     rows = []
     for source, entry in per_source.items():
         at = ref(EVALUATION, "per_source", source)
         rows.append(
-            [esc(source) + (" (unseen in training)" if entry.get("unseen") else "")]
+            [esc(source) + (" (unseen in training)" if entry.unseen else "")]
             + _figures(entry, at, ("images", "train_images", "accuracy", "macro_roc_auc", "ece"))
         )
     return "<h3>Per source</h3>" + table(
@@ -344,14 +354,14 @@ def _per_source(per_source: dict) -> str:
     )
 
 
-def _external(external: list[dict]) -> str:
+def _external(external: list[ExternalReport]) -> str:
     if not external:
         return ""
     rows = []
     for i, entry in enumerate(external):
         at = ref(EVALUATION, "external", i)
         rows.append(
-            [esc(entry.get("data_dir", ""))]
+            [esc(entry.data_dir)]
             + _figures(entry, at, ("images", "dropped_as_copies", "accuracy", "macro_roc_auc", "ece"))
         )
     return "<h3>External data sets</h3>" + table(
@@ -363,18 +373,16 @@ def _external(external: list[dict]) -> str:
 
 
 def exported(files: RunFiles) -> str:
-    report = files.json(EXPORT_REPORT)
+    report = files.artifact(EXPORT_REPORT, read_export_report)
     if report is None:
         return missing(
             f"the export ({EXPORT_REPORT})",
             files.why_missing(EXPORT_REPORT) + ". " + _rerun("covidxray export --run-dir RUN --data-dir DATA"),
         )
     rows, notes = [], []
-    for fmt, entry in report.items():
-        if not (isinstance(entry, dict) and "file" in entry and fmt != "keras"):
-            continue
+    for fmt, entry in report.formats.items():
         at = ref(EXPORT_REPORT, fmt)
-        sidecar_name = sidecar_path(files.run_dir / entry["file"]).name
+        sidecar_name = sidecar_path(files.run_dir / entry.file).name
         sidecar = files.json(sidecar_name)
         if sidecar is None:
             notes.append(missing(f"the sidecar of {fmt} ({sidecar_name})", files.why_missing(sidecar_name)))
@@ -383,12 +391,8 @@ def exported(files: RunFiles) -> str:
         rows.append(
             [
                 esc(fmt),
-                figure(entry["bytes"] * 1e-6, f"scale:1e-6:{at}{pointer('bytes')}", ".2f")
-                if "bytes" in entry
-                else "n/a",
-                figure(entry.get("agreement"), at + pointer("agreement")),
-                figure(entry.get("accuracy"), at + pointer("accuracy")),
-                figure(entry.get("accuracy_delta"), at + pointer("accuracy_delta")),
+                figure(entry.bytes * 1e-6, f"scale:1e-6:{at}{pointer('bytes')}", ".2f"),
+                *_figures(entry, at, ("agreement", "accuracy", "accuracy_delta")),
                 figure(sidecar.get("temperature", {}).get("value"), ref(sidecar_name, "temperature", "value")),
                 figure(sidecar.get("ood", {}).get("threshold"), ref(sidecar_name, "ood", "threshold"), ".2f"),
                 figure(sidecar.get("layout", {}).get("threshold"), ref(sidecar_name, "layout", "threshold"), ".2f"),
@@ -397,8 +401,8 @@ def exported(files: RunFiles) -> str:
         )
     at = EXPORT_REPORT + "#"
     head = (
-        f"<p>Checked against Keras on {figure(report.get('test_images'), at + pointer('test_images'))} test images; "
-        f"int8 must agree on at least {figure(report.get('int8_min_agreement'), at + pointer('int8_min_agreement'))} of them. "
+        f"<p>Checked against Keras on {figure(report.test_images, at + pointer('test_images'))} test images; "
+        f"int8 must agree on at least {figure(report.int8_min_agreement, at + pointer('int8_min_agreement'))} of them. "
         "Latency is not measured by export (see scripts/bench_predict.py).</p>"
     )
     headers = [

@@ -25,6 +25,7 @@ from covidxray.errors import UserError
 from covidxray.export.keras_file import load_keras_model
 from covidxray.files import atomic_open, atomic_path
 from covidxray.manifest import PreparedData, check_model_matches, open_prepared, require_intact_shards
+from covidxray.reports import Calibration, EvaluationReport, SourceMetrics, evaluation_report, write_evaluation_report
 from covidxray.run_folder import (
     EVALUATION,
     MODEL_FILE,
@@ -32,7 +33,6 @@ from covidxray.run_folder import (
     ModelCard,
     external_copies_name,
     read_model_card,
-    write_json,
 )
 from covidxray.train import external
 from covidxray.train.by_source import UNSEEN, per_source_report, split_sources
@@ -121,22 +121,22 @@ def _save_figure(figure, path: Path) -> None:
         figure.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
 
 
-def plot_roc(path: Path, labels: np.ndarray, probabilities: np.ndarray, report: dict) -> None:
+def plot_roc(path: Path, labels: np.ndarray, probabilities: np.ndarray, report: EvaluationReport) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     figure, axes = plt.subplots(figsize=(5.5, 5))
-    for c, name in enumerate(report["labels"]):
-        entry = report["per_class"][name]
-        if entry["roc_auc"] is None:
+    for c, name in enumerate(report.labels):
+        entry = report.per_class[name]
+        if entry.roc_auc is None:
             continue
         fpr, tpr, _ = roc_curve(labels == c, probabilities[:, c])
-        (line,) = axes.plot(fpr, tpr, label=f"{name} (AUC {entry['roc_auc']:.3f})")
-        point = entry["operating_point"]
-        if point and point["sensitivity"] is not None and point["specificity"] is not None:
-            axes.plot(1 - point["specificity"], point["sensitivity"], "o", color=line.get_color())
+        (line,) = axes.plot(fpr, tpr, label=f"{name} (AUC {entry.roc_auc:.3f})")
+        point = entry.operating_point
+        if point and point.sensitivity is not None and point.specificity is not None:
+            axes.plot(1 - point.specificity, point.sensitivity, "o", color=line.get_color())
     axes.plot([0, 1], [0, 1], ":", color="gray")
     axes.set(
         xlabel="1 - specificity",
@@ -150,14 +150,14 @@ def plot_roc(path: Path, labels: np.ndarray, probabilities: np.ndarray, report: 
     plt.close(figure)
 
 
-def plot_confusion(path: Path, report: dict) -> None:
+def plot_confusion(path: Path, report: EvaluationReport) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    matrix = np.array(report["confusion_matrix"])
-    names = report["labels"]
+    matrix = np.array(report.confusion_matrix)
+    names = report.labels
     figure, axes = plt.subplots(figsize=(1.4 * len(names) + 2, 1.4 * len(names) + 1.5))
     axes.imshow(matrix, cmap="Blues")
     for (row, col), count in np.ndenumerate(matrix):
@@ -171,32 +171,32 @@ def plot_confusion(path: Path, report: dict) -> None:
         yticklabels=names,
         xlabel="predicted",
         ylabel="true",
-        title=f"Test confusion matrix (accuracy {report['accuracy']:.3f})",
+        title=f"Test confusion matrix (accuracy {report.accuracy:.3f})",
     )
     _save_figure(figure, path)
     plt.close(figure)
 
 
-def plot_reliability(path: Path, calibration: dict) -> None:
+def plot_reliability(path: Path, calibration: Calibration) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    table = [b for b in calibration["reliability"] if b["count"]]
-    width = 1 / calibration["bins"]
+    table = [b for b in calibration.reliability if b.count]
+    width = 1 / calibration.bins
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     top.bar(
-        [b["low"] for b in table],
-        [b["accuracy"] for b in table],
+        [b.low for b in table],
+        [b.accuracy for b in table],
         width=width,
         align="edge",
         edgecolor="black",
         label="accuracy in bin",
     )
     top.plot(
-        [b["confidence"] for b in table],
-        [b["accuracy"] for b in table],
+        [b.confidence for b in table],
+        [b.accuracy for b in table],
         "o",
         color="tab:red",
         label="(mean confidence, accuracy)",
@@ -205,10 +205,10 @@ def plot_reliability(path: Path, calibration: dict) -> None:
     top.set(
         ylabel="accuracy",
         ylim=(0, 1.02),
-        title=f"Test reliability (ECE {calibration['ece']:.3f}, {calibration['bins']} bins)",
+        title=f"Test reliability (ECE {calibration.ece:.3f}, {calibration.bins} bins)",
     )
     top.legend(loc="upper left")
-    bottom.bar([b["low"] for b in table], [b["count"] for b in table], width=width, align="edge", color="gray")
+    bottom.bar([b.low for b in table], [b.count for b in table], width=width, align="edge", color="gray")
     bottom.set(xlabel="top-class probability", ylabel="images", xlim=(0, 1))
     _save_figure(figure, path)
     plt.close(figure)
@@ -219,13 +219,12 @@ def evaluate(
     say: Callable[[str], None] = print,
     externals: list[str] | tuple[str, ...] = (),
     progress: Callable[..., None] | None = None,
-) -> dict:
+) -> EvaluationReport:
     """The test split's report; with `externals` also each external data set's (covidxray/train/external.py)."""
     run_dir, data_dir = Path(config.train.run_dir), Path(config.data.data_dir)
     model_path = run_dir / MODEL_FILE
     card = read_model_card(run_dir)
-    data, same_data = checked_data(card, run_dir, data_dir, externals)
-    manifest = data.manifest
+    data, same_data, external_sets = checked_data(card, run_dir, data_dir, externals)
     model = load_keras_model(model_path)
     names, size = card.labels, card.image_size
     val_probs, val_labels = predict_split(model, data, "val", size, len(names))
@@ -233,7 +232,7 @@ def evaluate(
     # Thresholds from val only: the test split is measured, never used for a decision.
     thresholds = choose_thresholds(val_labels, val_probs)
     judge = partial(classification_report, class_names=names, thresholds=thresholds)
-    report = {
+    content = {
         **judge(test_labels, test_probs),
         "calibration": calibration_report(test_labels, test_probs),
         "per_source": per_source_on_test(data, test_labels, test_probs, judge),
@@ -243,21 +242,13 @@ def evaluate(
         "data_dir": str(data_dir),
         "data_is_training_data": same_data,
     }
-    report["external"] = [
+    content["external"] = [
         external.external_report(
-            model,
-            card,
-            data_dir,
-            manifest,
-            Path(external_dir),
-            config.data,
-            judge,
-            run_dir / external_copies_name(index),
-            progress,
-            say,
+            model, card, data, external_set, config.data, judge, run_dir / external_copies_name(index), progress, say
         )
-        for index, external_dir in enumerate(externals)
+        for index, external_set in enumerate(external_sets)
     ]
+    report = evaluation_report(content)
     write_evaluation(run_dir, report, test_labels, test_probs)
     for line in summary_lines(report, run_dir):
         say(line)
@@ -266,16 +257,16 @@ def evaluate(
 
 def checked_data(
     card: ModelCard, run_dir: Path, data_dir: Path, externals: list[str] | tuple[str, ...]
-) -> tuple[PreparedData, bool]:
-    """(the data set, whether it is the training data) when this model can be evaluated on it, refused before any
-    prediction if it cannot: another task or size, an empty test split, damaged shards, a bad external set."""
+) -> tuple[PreparedData, bool, list[PreparedData]]:
+    """(the data set, whether it is the training data, the external sets) when this model can be evaluated on them,
+    refused before any prediction if it cannot: another task or size, an empty test split, damaged shards, a bad
+    external set. Each data set's manifest is read once, here."""
     data = open_prepared(data_dir)
     same_data = check_model_matches(card, data)
     if not data.manifest.splits["test"].records:
         raise UserError(f"{data_dir}: the test split is empty")
     require_intact_shards(data, ("val", "test"))
-    external.check_all(card, run_dir, data, same_data, externals)
-    return data, same_data
+    return data, same_data, external.checked_externals(card, run_dir, data, same_data, externals)
 
 
 def per_source_on_test(
@@ -304,44 +295,46 @@ def model_entry(model_path: Path, card: ModelCard) -> dict:
     return {"file": str(model_path), "architecture": card.model, "best_epoch": card.best.get("epoch")}
 
 
-def write_evaluation(run_dir: Path, report: dict, test_labels: np.ndarray, test_probs: np.ndarray) -> None:
+def write_evaluation(run_dir: Path, report: EvaluationReport, test_labels: np.ndarray, test_probs: np.ndarray) -> None:
     """The report, the test predictions `covidxray report` picks examples from, and the three plots."""
-    write_json(run_dir / EVALUATION, report)
+    write_evaluation_report(run_dir, report)
     save_test_predictions(run_dir / TEST_PREDICTIONS, test_labels, test_probs)
     plot_roc(run_dir / ROC_PLOT, test_labels, test_probs, report)
     plot_confusion(run_dir / CONFUSION_PLOT, report)
-    plot_reliability(run_dir / RELIABILITY_PLOT, report["calibration"])
+    plot_reliability(run_dir / RELIABILITY_PLOT, report.calibration)
 
 
-def summary_lines(report: dict, run_dir: Path) -> Iterator[str]:
+def summary_lines(report: EvaluationReport, run_dir: Path) -> Iterator[str]:
     """What evaluate says when done: the test figures, per class, calibration, per source, external sets, files."""
-    yield f"test: {report['images']} images, accuracy {report['accuracy']:.3f}, macro ROC AUC {_fmt(report['macro_roc_auc'])}"
-    for name, entry in report["per_class"].items():
-        point = entry["operating_point"] or {}
-        yield (
-            f"  {name:12s} AUC {_fmt(entry['roc_auc'])}  at val threshold {_fmt(point.get('threshold'))}: "
-            f"sensitivity {_fmt(point.get('sensitivity'))} specificity {_fmt(point.get('specificity'))} PPV {_fmt(point.get('ppv'))}"
+    yield f"test: {report.images} images, accuracy {_fmt(report.accuracy)}, macro ROC AUC {_fmt(report.macro_roc_auc)}"
+    for name, metrics in report.per_class.items():
+        point = metrics.operating_point
+        threshold, sensitivity, specificity, ppv = (
+            (point.threshold, point.sensitivity, point.specificity, point.ppv) if point else (None, None, None, None)
         )
-    calibration = report["calibration"]
-    yield f"  calibration: ECE {calibration['ece']:.3f} (top class, {calibration['bins']} equal-width bins), classwise ECE {calibration['classwise_ece']:.3f}"
+        yield (
+            f"  {name:12s} AUC {_fmt(metrics.roc_auc)}  at val threshold {_fmt(threshold)}: "
+            f"sensitivity {_fmt(sensitivity)} specificity {_fmt(specificity)} PPV {_fmt(ppv)}"
+        )
+    calibration = report.calibration
+    yield f"  calibration: ECE {calibration.ece:.3f} (top class, {calibration.bins} equal-width bins), classwise ECE {calibration.classwise_ece:.3f}"
     yield "per source (a class recognised only across sources may be the source, not the disease):"
-    for source, entry in report["per_source"].items():
+    for source, entry in report.per_source.items():
         yield describe_source(source, entry)
-    for entry in report["external"]:
-        yield from external.describe(entry, describe_source)
+    for external_entry in report.external:
+        yield from external.describe(external_entry, describe_source)
     yield f"wrote {EVALUATION}, {TEST_PREDICTIONS}, {ROC_PLOT}, {CONFUSION_PLOT}, {RELIABILITY_PLOT} to {run_dir}"
 
 
-def describe_source(source: str, entry: dict) -> str:
-    tag = f" ({UNSEEN}: not in train, a generalisation figure)" if entry["unseen"] else ""
-    counts = ", ".join(f"{name} {n}" for name, n in entry["classes"].items() if n)
+def describe_source(source: str, entry: SourceMetrics) -> str:
+    tag = f" ({UNSEEN}: not in train, a generalisation figure)" if entry.unseen else ""
+    counts = ", ".join(f"{name} {n}" for name, n in entry.classes.items() if n)
     rates = "; ".join(
-        f"{name} {_fmt(e['argmax']['sensitivity'])}/{_fmt(e['argmax']['specificity'])}"
-        for name, e in entry["per_class"].items()
+        f"{name} {_fmt(e.argmax.sensitivity)}/{_fmt(e.argmax.specificity)}" for name, e in entry.per_class.items()
     )
     return (
-        f"  {source}{tag}: {entry['images']} images ({counts}), accuracy {entry['accuracy']:.3f}, "
-        f"macro AUC {_fmt(entry['macro_roc_auc'])}, ECE {entry['ece']:.3f}; argmax sensitivity/specificity {rates}"
+        f"  {source}{tag}: {entry.images} images ({counts}), accuracy {_fmt(entry.accuracy)}, "
+        f"macro AUC {_fmt(entry.macro_roc_auc)}, ECE {entry.ece:.3f}; argmax sensitivity/specificity {rates}"
     )
 
 

@@ -39,6 +39,7 @@ from covidxray.errors import UserError
 from covidxray.files import atomic_open
 from covidxray.manifest import SPLIT_TABLE, Manifest, PreparedData, open_prepared
 from covidxray.records import Record
+from covidxray.reports import ExternalReport, SourceMetrics
 from covidxray.run_folder import ModelCard
 from covidxray.train.by_source import per_source_report
 from covidxray.train.metrics import expected_calibration_error
@@ -94,24 +95,31 @@ def _trained_on(run_dir: Path, training: PreparedData, same_data: bool) -> bool:
     return same_data or recorded_dataset_id(run_dir) == training.dataset_id
 
 
-def check_all(card: ModelCard, run_dir: Path, training: PreparedData, same_data: bool, externals) -> None:
-    """Before anything is predicted: every external set fits the model, and the copy check has the training data."""
+def checked_externals(
+    card: ModelCard, run_dir: Path, training: PreparedData, same_data: bool, externals: list[str] | tuple[str, ...]
+) -> list[PreparedData]:
+    """Before anything is predicted: every external set, opened (its manifest read once, here), fits the model, and
+    the copy check has the training data."""
     training_dir = training.path
     if externals and not _trained_on(run_dir, training, same_data):
         raise UserError(
             f"--external checks the external images against the training data, but {training_dir} is not the data set "
             "the model was trained on (its manifest hash differs from the model card's): point --data-dir at it"
         )
+    opened = []
     for external_dir in externals:
         if Path(external_dir).resolve() == Path(training_dir).resolve():
             raise UserError(
                 f"--external {external_dir} is the training data set itself: prepare the external set separately"
             )
-        check_fits(card, open_prepared(external_dir).manifest, Path(external_dir))
+        external = open_prepared(external_dir)
+        check_fits(card, external.manifest, external.path)
+        opened.append(external)
+    return opened
 
 
-def _split_table(data_dir: Path) -> list[tuple[str, Record]]:
-    path = data_dir / SPLIT_TABLE
+def _split_table(data: PreparedData) -> list[tuple[str, Record]]:
+    path = data.table(SPLIT_TABLE)
     if not path.is_file():
         raise UserError(f"{path} not found: the dedup check needs the table prepare writes; re-run `covidxray prepare`")
     with open(path, newline="") as handle:
@@ -126,43 +134,42 @@ def _split_table(data_dir: Path) -> list[tuple[str, Record]]:
         ]
 
 
-def _signatures(data_dir: Path, manifest: Manifest, records: list[Record], config: DataConfig, progress, log) -> dict:
+def _signatures(data: PreparedData, records: list[Record], config: DataConfig, progress, log) -> dict:
     """Decoded (hashes, features) of every record's original file, through the data set's own decode cache."""
-    prepared = replace(config, image_size=manifest.image_size, harmonise=manifest.harmonise)
-    with ImageCache(cache_path(data_dir, prepared.image_size, prepared.harmonise), log) as cache:
+    prepared = replace(config, image_size=data.manifest.image_size, harmonise=data.manifest.harmonise)
+    with ImageCache(cache_path(data.path, prepared.image_size, prepared.harmonise), log) as cache:
         decoded, _ = cache.decode_configured([str(r.image) for r in records], prepared, progress, log)
     return decoded
 
 
 def find_copies(
-    training_dir: Path,
-    external_dir: Path,
+    training: PreparedData,
+    external: PreparedData,
     config: DataConfig,
     progress: Callable[..., None] | None = None,
     log: Callable[[str], None] = print,
 ) -> tuple[list[Copy], list[Record]]:
     """(copies of training images or patients among the external images, external images that could not be checked).
 
-    Training images = the train and val splits of `training_dir`; external = every image of `external_dir`.
+    Training images = the train and val splits of `training`; external = every image of `external`.
     """
     progress = progress or (lambda done, total=None: None)
-    training_manifest, external_manifest = open_prepared(training_dir).manifest, open_prepared(external_dir).manifest
-    training = [(split, r) for split, r in _split_table(training_dir) if split in TRAINING_SPLITS]
+    training_records = [(split, r) for split, r in _split_table(training) if split in TRAINING_SPLITS]
     # prefixed ids: dedup never takes an external image for a follow-up of a training patient
-    external = [replace(r, patient_id=EXTERNAL_PATIENT + r.patient_id) for _, r in _split_table(external_dir)]
-    progress(0, len(training) + len(external))
+    external_records = [replace(r, patient_id=EXTERNAL_PATIENT + r.patient_id) for _, r in _split_table(external)]
+    progress(0, len(training_records) + len(external_records))
     step = lambda done, total=None: progress(done)  # noqa: E731 - one bar over both data sets
-    trained = _signatures(training_dir, training_manifest, [r for _, r in training], config, step, log)
-    _refuse_unreadable(training_dir, [r for _, r in training], trained)
-    seen = _signatures(external_dir, external_manifest, external, config, step, log)
-    checked = [r for r in external if seen[str(r.image)].ok]
-    settings = training_manifest.data_config
-    copies = _image_copies(training, checked, {**trained, **seen}, settings, config)
-    _add_patient_copies(copies, training, checked)
+    trained = _signatures(training, [r for _, r in training_records], config, step, log)
+    _refuse_unreadable(training.path, [r for _, r in training_records], trained)
+    seen = _signatures(external, external_records, config, step, log)
+    checked = [r for r in external_records if seen[str(r.image)].ok]
+    settings = training.manifest.data_config
+    copies = _image_copies(training_records, checked, {**trained, **seen}, settings, config)
+    _add_patient_copies(copies, training_records, checked)
     found = [
         replace(c, external=_original(c.external)) for c in sorted(copies.values(), key=lambda c: str(c.external.image))
     ]
-    return found, [_original(r) for r in external if not seen[str(r.image)].ok]
+    return found, [_original(r) for r in external_records if not seen[str(r.image)].ok]
 
 
 def _refuse_unreadable(training_dir: Path, training: list[Record], decoded: dict) -> None:
@@ -263,32 +270,28 @@ def predict_records(
 def external_report(
     model,
     card: ModelCard,
-    training_dir: Path,
-    training_manifest: Manifest,
-    external_dir: Path,
+    training: PreparedData,
+    external: PreparedData,
     config: DataConfig,
     report: Callable[[np.ndarray, np.ndarray], dict],
     copies_path: Path,
     progress: Callable[..., None] | None = None,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """The external set's report (`report` on its images that are no copies), with what was dropped and why."""
-    external_dir = Path(external_dir)
-    prepared = open_prepared(external_dir)
-    manifest = prepared.manifest
-    check_fits(card, manifest, external_dir)
-    copies, unchecked = find_copies(training_dir, external_dir, config, progress, log)
+    """The external set's report (`report` on its images that are no copies), with what was dropped and why.
+    `external` has passed `checked_externals`."""
+    copies, unchecked = find_copies(training, external, config, progress, log)
     write_copies(copies_path, copies)
     dropped = {c.external.record_id for c in copies} | {r.record_id for r in unchecked}
-    probabilities, labels, sources = _scored(model, prepared, dropped)
-    names = card.labels
+    probabilities, labels, sources = _scored(model, external, dropped)
+    training_manifest = training.manifest
     in_train = training_manifest.splits["train"].sources
     entry = report(labels, probabilities)
     entry.update(
         {
-            "data_dir": str(external_dir),
-            "images_prepared": sum(manifest.splits[split].records for split in ("train", "val", "test")),
-            **_class_counts(labels, names, training_manifest),
+            "data_dir": str(external.path),
+            "images_prepared": sum(external.manifest.splits[split].records for split in ("train", "val", "test")),
+            **_class_counts(labels, card.labels, training_manifest),
             **_dropped_entry(copies, unchecked, dropped, copies_path),
             "ece": expected_calibration_error(labels, probabilities),
             "per_source": per_source_report(
@@ -343,25 +346,25 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def describe(entry: dict, describe_source: Callable[[str, dict], str]) -> list[str]:
+def describe(entry: ExternalReport, describe_source: Callable[[str, SourceMetrics], str]) -> list[str]:
     """Console lines for one external set's report, beside the test split's."""
-    counts = ", ".join(f"{name} {n}" for name, n in entry["classes"].items())
-    kinds = ", ".join(f"{n} {kind}" for kind, n in entry["dropped_by_kind"].items()) or "none"
+    counts = ", ".join(f"{name} {n}" for name, n in entry.classes.items())
+    kinds = ", ".join(f"{n} {kind}" for kind, n in entry.dropped_by_kind.items()) or "none"
     lines = [
-        f"external {entry['data_dir']}: {entry['images']} images ({counts}) of {entry['images_prepared']} prepared; "
-        f"dropped {entry['dropped_as_copies']} as copies of training images or patients ({kinds}; listed in "
-        f"{entry['copies_table']})"
-        + (f" and {entry['dropped_unchecked']} that could not be checked" if entry["dropped_unchecked"] else ""),
-        f"  accuracy {_fmt(entry['accuracy'])}, macro ROC AUC {_fmt(entry['macro_roc_auc'])}, ECE {entry['ece']:.3f}",
+        f"external {entry.data_dir}: {entry.images} images ({counts}) of {entry.images_prepared} prepared; "
+        f"dropped {entry.dropped_as_copies} as copies of training images or patients ({kinds}; listed in "
+        f"{entry.copies_table})"
+        + (f" and {entry.dropped_unchecked} that could not be checked" if entry.dropped_unchecked else ""),
+        f"  accuracy {_fmt(entry.accuracy)}, macro ROC AUC {_fmt(entry.macro_roc_auc)}, ECE {entry.ece:.3f}",
     ]
-    for name, count in entry["untrained_classes"].items():
+    for name, count in entry.untrained_classes.items():
         lines.append(f"  {name}: {count} external images, but no training image of {name}: the model cannot know it")
-    for name, per_class in entry["per_class"].items():
-        rates = per_class["argmax"]
+    for name, per_class in entry.per_class.items():
+        rates = per_class.argmax
         lines.append(
-            f"  {name:12s} AUC {_fmt(per_class['roc_auc'])}  argmax sensitivity {_fmt(rates['sensitivity'])} "
-            f"specificity {_fmt(rates['specificity'])} ({per_class['support']} images)"
+            f"  {name:12s} AUC {_fmt(per_class.roc_auc)}  argmax sensitivity {_fmt(rates.sensitivity)} "
+            f"specificity {_fmt(rates.specificity)} ({per_class.support} images)"
         )
-    if len(entry["per_source"]) > 1:
-        lines += [describe_source(source, item) for source, item in entry["per_source"].items()]
+    if len(entry.per_source) > 1:
+        lines += [describe_source(source, item) for source, item in entry.per_source.items()]
     return lines

@@ -1,9 +1,10 @@
 """`covidxray train`: Keras fit over the shards, single process or one Horovod rank of many.
 
-Only rank 0 touches the run folder. Every write there is atomic (temp file or
-folder, then rename), and `checkpoints/latest.json` is the commit point: it
-names a complete checkpoint folder, so a run killed at any instant resumes
-from the last finished epoch with its optimizer state (`--resume`).
+Only rank 0 touches the run folder, through its `RunRecorder` (covidxray/train/recorder.py).
+Every write there is atomic (temp file or folder, then rename), and
+`checkpoints/latest.json` is the commit point: it names a complete checkpoint
+folder, so a run killed at any instant resumes from the last finished epoch
+with its optimizer state (`--resume`).
 
 What rank 0 would need to carry on (epoch, history, best score, early-stopping
 count) is a `TrainingState` replicated on every rank, so that in an elastic job
@@ -19,7 +20,6 @@ import hashlib
 import json
 import math
 import os
-import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -40,14 +40,11 @@ from covidxray.run_folder import (
     CHECKPOINTS,
     CONFIG_FILE,
     LATEST,
-    MODEL_FILE,
     TENSORBOARD_DIR,
     TRAIN_LOG,
     ModelCard,
     read_latest,
     write_json,
-    write_latest,
-    write_model_card,
 )
 from covidxray.train import source_adversary
 from covidxray.train.batchnorm import batches_per_rank, recompute_statistics
@@ -56,13 +53,12 @@ from covidxray.train.finetune import hold_fixed
 from covidxray.train.input import InputSpec, make_dataset, predict_batches
 from covidxray.train.metrics import confusion_matrix, cross_entropy, macro_auc
 from covidxray.train.models import build_model
+from covidxray.train.recorder import RunRecorder
 from covidxray.train.run_guard import check_before_training
 from covidxray.train.schedule import LearningRateSchedule
 from covidxray.train.source_balance import class_weights_in_stream, source_aware, train_sources
 from covidxray.train.state import MONITOR, PREDICTED_CLASSES, TrainingState
 from covidxray.train.tensorboard import EpochBoard
-
-KEEP_CHECKPOINTS = 2
 
 
 def class_weights(counts: dict[str, int], labels: list[str], power: float = 1.0) -> dict[int, float]:
@@ -109,8 +105,8 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
     `state` is the object of World.make_state; `state.training` is the
     TrainingState committed after the last finished epoch. `recalibration`:
     (training data, batches per rank) to re-estimate the BN statistics from,
-    or None. `board`: rank 0's TensorBoard writer, or None (other ranks, or
-    train.tensorboard false).
+    or None. `recorder`: rank 0's writer of the run folder, None on every
+    other rank.
     """
 
     def __init__(
@@ -121,24 +117,15 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
         val_ds: tf.data.Dataset,
         recalibration: tuple[tf.data.Dataset, int] | None,
         patience: int,
-        run_dir: Path,
         header: dict,
         images_per_epoch: int,
-        checkpoint: tf.train.Checkpoint,
-        card: ModelCard,
         say: Callable[[str], None],
-        board: EpochBoard | None = None,
+        recorder: RunRecorder | None,
     ):
         super().__init__()
-        self.world, self.state, self.val_ds, self.recalibration, self.patience = (
-            world,
-            state,
-            val_ds,
-            recalibration,
-            patience,
-        )
-        self.run_dir, self.header, self.images_per_epoch = run_dir, header, images_per_epoch
-        self.checkpoint, self.card, self.say, self.board = checkpoint, card, say, board
+        self.world, self.state, self.val_ds, self.recalibration = world, state, val_ds, recalibration
+        self.patience, self.header, self.images_per_epoch = patience, header, images_per_epoch
+        self.say, self.recorder = say, recorder
         self.average_over_ranks = world.metric_averager()
         self.started = self.last_batch_end = 0.0
 
@@ -160,11 +147,11 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
         training = training.judged(metrics)
         if training.stopped_early(self.patience):
             self.model.stop_training = True
-        if self.world.is_root:  # the checkpoint carries this epoch's best and early-stopping count
-            self.save_checkpoint(training)
+        if self.recorder:  # the checkpoint carries this epoch's best and early-stopping count
+            self.recorder.checkpoint_epoch(training, self.model)
         self.commit(training)  # an elastic rollback returns to a finished epoch, never half of one
-        if self.board:  # after the commit: TensorBoard only ever shows epochs a resume or rollback keeps
-            self.board.write(training.history[-1], confusion)
+        if self.recorder:  # after the commit: TensorBoard only ever shows epochs a resume or rollback keeps
+            self.recorder.epoch_point(training.history[-1], confusion)
 
     def recalibrate_batchnorm(self, dataset: tf.data.Dataset, batches: int) -> None:
         recompute_statistics(self.model, dataset.take(batches), self.world)
@@ -184,8 +171,8 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
             **metrics,
         }
         training = training.logged(entry)
-        if self.world.is_root:
-            write_json(self.run_dir / TRAIN_LOG, {**self.header, "epochs": training.history})
+        if self.recorder:
+            self.recorder.log(self.header, training.history)
             slowest = int(np.argmin(rates))
             if entry.get(PREDICTED_CLASSES) == 1:
                 self.say(collapse_warning(training.epoch))
@@ -195,43 +182,6 @@ class EndOfEpoch(tf.keras.callbacks.Callback):
                 f"slowest rank {slowest} at {rates[slowest]:.0f} img/s"
             )
         return training
-
-    def save_checkpoint(self, training: TrainingState) -> None:
-        """Rank 0: resumable checkpoint (model + optimizer), the best model if this epoch is it, then latest.json.
-
-        Folder names are unique, so the folder latest.json names is never
-        rewritten in place (an elastic job may redo an epoch it had saved).
-        """
-        root = self.run_dir / CHECKPOINTS
-        root.mkdir(parents=True, exist_ok=True)
-        name = f"epoch-{training.epoch:04d}-{secrets.token_hex(4)}"
-        tmp = root / f".{name}{PARTIAL}"
-        self.checkpoint.write(str(tmp / "ckpt"))
-        os.replace(tmp, root / name)
-        if training.best.get("epoch") == training.epoch:
-            self.save_best_model(training.best)
-        write_latest(
-            self.run_dir,
-            {
-                "epoch": training.epoch,
-                "path": name,
-                "best": training.best,
-                "epochs_since_best": training.epochs_since_best,
-                "optimizer_steps": int(self.model.optimizer.iterations.numpy()),
-            },
-        )
-        older = [p for p in sorted(root.glob("epoch-*")) if p.name != name]
-        for old in older[: max(0, len(older) - (KEEP_CHECKPOINTS - 1))]:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def save_best_model(self, best: dict) -> None:
-        model_tmp = self.run_dir / (PARTIAL + "." + MODEL_FILE)
-        classifier = source_adversary.inference_model(self.model)  # without a training-only source head
-        inference_copy = tf.keras.models.clone_model(classifier)  # uncompiled: no (Horovod) optimizer inside
-        inference_copy.set_weights(classifier.get_weights())
-        inference_copy.save(str(model_tmp))
-        os.replace(model_tmp, self.run_dir / MODEL_FILE)
-        write_model_card(self.run_dir, replace(self.card, best=best))
 
     def commit(self, training: TrainingState) -> None:
         """Hand the finished epoch's state to every rank's state object; elastic: Horovod keeps it to roll back to."""
@@ -430,7 +380,7 @@ class Fit:
             self.data.shards("train"), replace(every_split.training_stream(cfg), by_source=self.by_source)
         )
         header = self.header(steps_per_epoch, my_shards)
-        board = self.root_board(state)
+        recorder = self.root_recorder(state)
         peak_lr = cfg.learning_rate * world.size  # LearningRateSchedule sets every step's LR
         callbacks = [
             LearningRateSchedule(peak_lr, cfg.warmup_epochs, cfg.epochs, steps_per_epoch, cfg.lr_schedule),
@@ -440,20 +390,17 @@ class Fit:
                 val_ds=make_dataset(self.data.shards("val"), every_split)[0],
                 recalibration=self.recalibration(state, every_split),
                 patience=cfg.early_stopping_patience,
-                run_dir=Path(cfg.run_dir),
                 header=header,
                 images_per_epoch=steps_per_epoch * cfg.batch_size,
-                checkpoint=self.checkpoint,
-                card=self.card,
                 say=self.say,
-                board=board,
+                recorder=recorder,
             ),
         ]
         try:
             self.fit_remaining_epochs(state, train_ds, steps_per_epoch, peak_lr, callbacks)
         finally:
-            if board:
-                board.close()
+            if recorder:
+                recorder.close()
         return self.log(state, header)
 
     def header(self, steps_per_epoch: int, my_shards) -> dict:
@@ -493,19 +440,21 @@ class Fit:
             recompute_statistics(self.model, calibration_ds.take(batches), self.world)
         return None
 
-    def root_board(self, state) -> EpochBoard | None:
-        """Rank 0's run folder and TensorBoard writer: possibly a new rank 0 on another board, whose run dir is still
-        empty; the board also writes committed epochs its event files lack (resumed, or a new rank 0)."""
+    def root_recorder(self, state) -> RunRecorder | None:
+        """Rank 0's run folder and its recorder (None on other ranks): possibly a new rank 0 on another board, whose
+        run dir is still empty; its TensorBoard writer also writes committed epochs its event files lack (resumed,
+        or a new rank 0)."""
         cfg, run_dir = self.config.train, Path(self.config.train.run_dir)
         if not self.world.is_root:
             return None
         run_dir.mkdir(parents=True, exist_ok=True)
         self.config.save(run_dir / CONFIG_FILE)
-        return (
+        board = (
             EpochBoard(run_dir / TENSORBOARD_DIR, self.data.manifest.labels, state.training.history)
             if cfg.tensorboard
             else None
         )
+        return RunRecorder(run_dir, self.checkpoint, self.card, board)
 
     def fit_remaining_epochs(self, state, train_ds, steps_per_epoch: int, peak_lr: float, callbacks: list) -> None:
         cfg, world = self.config.train, self.world
