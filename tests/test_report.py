@@ -305,3 +305,67 @@ def test_a_real_kaggle_run_reports_and_renders(shared_data, tmp_path):
     rendered, screenshot = render(run / "report.html", tmp_path / "kaggle.png")
     assert_not_blank(screenshot)
     assert "Missing" not in "".join(rendered.sections.values())
+
+
+def _report_of(run_dir: Path, data_dir: Path, out: Path) -> Page:
+    result = run_cli("report", str(run_dir), "--data-dir", str(data_dir), "--out", str(out))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return Page(out.read_text())
+
+
+def _cited(page: Page, name: str) -> list[dict]:
+    return [f for f in page.figures if f["from"].split("#")[0].split(":")[-1] == name]
+
+
+def test_an_edited_manifest_is_missing_in_the_loaders_words(evaluated_run, synthetic_data, tmp_path):
+    """The page reads manifest.json through open_prepared: an edit the checksum catches is not shown as data."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    for name in DATA_FILES:
+        shutil.copy2(synthetic_data / name, data_dir / name)
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    manifest["splits"]["test"]["records"] += 1  # by hand, not resealed
+    (data_dir / "manifest.json").write_text(json.dumps(manifest))
+    page = _report_of(evaluated_run, data_dir, tmp_path / "page.html")
+    said = f"Missing: the data card (manifest.json of the prepared data). {data_dir / 'manifest.json'} was changed after prepare wrote it"
+    assert said in " ".join(page.sections["data-card"].split())
+    assert "was changed after prepare wrote it" in page.sections["intended-use"]
+    assert "Missing:" in page.sections["examples"] and not _cited(page, "manifest.json")
+    check_every_figure(page, evaluated_run, data_dir)  # the rest is still shown, and right
+
+
+def test_a_model_card_of_another_version_is_missing_in_the_loaders_words(evaluated_run, synthetic_data, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(evaluated_run, run_dir)
+    card = json.loads((run_dir / "model.json").read_text())
+    (run_dir / "model.json").write_text(json.dumps({**card, "version": 2}))
+    page = _report_of(run_dir, synthetic_data, tmp_path / "page.html")
+    training = " ".join(page.sections["training"].split())
+    assert (
+        f"Missing: the model card (model.json: best epoch, labels). {run_dir / 'model.json'} is a model card of version 2, written by another version of covidxray"
+        in training
+    )
+    assert "Missing:" in page.sections["examples"] and not _cited(page, "model.json")
+    assert _cited(page, "train_log.json") and _cited(page, "manifest.json")
+    check_every_figure(page, run_dir, synthetic_data)
+
+
+def test_a_damaged_sidecar_is_missing_in_the_loaders_words(evaluated_run, synthetic_data, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(evaluated_run, run_dir)
+    sidecar = run_dir / "model-float32.json"
+    content = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({**content, "temperature": {"value": -1.0}}))
+    page = _report_of(run_dir, synthetic_data, tmp_path / "damaged.html")
+    formats = " ".join(page.sections["exported-formats"].split())
+    assert (
+        f"Missing: the sidecar of float32 (model-float32.json). sidecar {sidecar} temperature must be an object with a positive value"
+        in formats
+    )
+    assert not _cited(page, "model-float32.json") and _cited(page, "export_report.json")
+    check_every_figure(page, run_dir, synthetic_data)
+    sidecar.write_text(json.dumps({**content, "version": 2}))
+    page = _report_of(run_dir, synthetic_data, tmp_path / "other.html")
+    assert f"sidecar {sidecar} is of version 2, written by another version of covidxray" in " ".join(
+        page.sections["exported-formats"].split()
+    )

@@ -18,7 +18,7 @@ import numpy as np
 
 from covidxray.errors import UserError
 from covidxray.files import atomic_write, output_folder
-from covidxray.manifest import MANIFEST, PreparedData, check_model_matches, open_prepared
+from covidxray.manifest import MANIFEST, PreparedData, check_model_matches
 from covidxray.report import sections
 from covidxray.report.html import esc, page, section
 from covidxray.report.plots import training_curves
@@ -30,7 +30,6 @@ from covidxray.run_folder import (
     TEST_PREDICTIONS,
     TRAIN_LOG,
     ModelCard,
-    read_model_card,
 )
 
 SECTIONS = (  # (anchor, title): the page's order; tests check each is present
@@ -63,15 +62,15 @@ def build_report(
     log = files.json(TRAIN_LOG)
     curves = training_curves(log["epochs"]) if log and log.get("epochs") else None
     plots = {name: files.binary(name) for name in (ROC_PLOT, CONFUSION_PLOT, RELIABILITY_PLOT)}
-    card, data = _model_card(files), _prepared(files)
+    card, data = files.model_card(), files.prepared()  # each read once, for the whole page
     found, problem, source = _examples(files, card, data)
     bodies = [
-        sections.data_card(files),
-        sections.training(files, curves),
+        sections.data_card(files, data),
+        sections.training(files, curves, card),
         sections.evaluation(files, plots),
         sections.exported(files),
         sections.examples(found, card.labels if card else [], problem, source),
-        sections.intended_use(files, SOURCE_REGISTRY.names()),
+        sections.intended_use(files, data, SOURCE_REGISTRY.names()),
     ]
     html = page(
         f"covidxray report: {run_dir.name}",
@@ -81,24 +80,6 @@ def build_report(
     atomic_write(out, html)
     say(f"wrote {out} ({len(html.encode()) / 1e6:.2f} MB in {time.perf_counter() - started:.1f} s)")
     return out
-
-
-def _model_card(files: RunFiles) -> ModelCard | None:
-    """The run's model card; None when there is none or it cannot be read (the page says what is missing)."""
-    try:
-        return read_model_card(files.run_dir)
-    except UserError:
-        return None
-
-
-def _prepared(files: RunFiles) -> PreparedData | None:
-    """The run's data set, read once for the whole page; None when there is none or it cannot be read."""
-    if files.data_dir is None:
-        return None
-    try:
-        return open_prepared(files.data_dir)
-    except UserError:
-        return None
 
 
 def _header(files: RunFiles, card: ModelCard | None, data: PreparedData | None) -> str:
@@ -122,16 +103,14 @@ def _examples(
     files: RunFiles, card: ModelCard | None, data: PreparedData | None
 ) -> tuple[list | None, str, str | None]:
     """(examples or None, why there are none / where the probabilities come from, file they come from or None)."""
-    if files.data_dir is None or not (files.data_dir / MANIFEST).is_file():
+    if data is None:
         return None, f"no prepared data to take test images from ({files.why_missing(MANIFEST)})", None
     if card is None:
-        return None, f"no trained model ({MODEL_FILE}, {MODEL_CARD}) in {files.run_dir}", None
+        return None, f"no trained model ({files.why_missing(MODEL_CARD)})", None
     from covidxray.export.keras_file import load_keras_model
     from covidxray.report.examples import gradcam_examples
 
     try:
-        if data is None:
-            data = open_prepared(files.data_dir)  # raises the UserError saying why it could not be read above
         check_model_matches(card, data)
         model = load_keras_model(files.run_dir / MODEL_FILE)
         predictions = files.run_dir / TEST_PREDICTIONS

@@ -1,8 +1,10 @@
 """What the report reads: the run folder's files and the prepared data's, each either read or named as missing.
 
 A file that is absent, unreadable or not what it should be (not JSON, not a mapping) is never guessed around:
-`json`/`yaml`/`rows`/`binary` (and `artifact`, for a file with a typed reader) return None, and the section that wanted it says "missing" with the reason
-`why_missing` gives. Only reads; nothing here writes.
+`json`/`yaml`/`rows`/`binary` return None, and the section that wanted it says "missing" with the reason
+`why_missing` gives. A file that crosses a stage (the manifest, the model card, a sidecar, the two reports) is read
+only by its own typed loader, through `artifact`: damaged, edited or of another version, it is missing with the
+loader's words. Only reads; nothing here writes.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Any, TypeVar
 import yaml
 
 from covidxray.errors import UserError
-from covidxray.manifest import MANIFEST
-from covidxray.run_folder import CONFIG_FILE
+from covidxray.manifest import MANIFEST, PreparedData, open_prepared
+from covidxray.run_folder import CONFIG_FILE, MODEL_CARD, ModelCard, read_model_card
+from covidxray.sidecar import Sidecar, SidecarError, read_sidecar
 
 Artifact = TypeVar("Artifact")
+NO_DATA_DIR = "no data folder: give --data-dir (the run's config.yaml names none)"
 
 
 class RunFiles:
@@ -41,7 +45,7 @@ class RunFiles:
     def _read(self, name: str, in_data: bool, parse) -> Any:
         path = self.path(name, in_data)
         if path is None:
-            self.problems[name] = "no data folder: give --data-dir (the run's config.yaml names none)"
+            self.problems[name] = NO_DATA_DIR
             return None
         if not path.is_file():
             self.problems[name] = f"{path} does not exist"
@@ -59,21 +63,32 @@ class RunFiles:
             return None
         return value
 
-    def artifact(self, name: str, read: Callable[[Path], Artifact]) -> Artifact | None:
-        """The run folder's `name` loaded by its own reader (`read(run_dir)`, covidxray/reports.py), or None with
-        the reader's words on what is wrong with it."""
-        path = self.run_dir / name
+    def artifact(self, name: str, read: Callable[[Path], Artifact], in_data: bool = False) -> Artifact | None:
+        """`name` of the run folder (of the data folder: `in_data`) loaded by its own reader (`read(folder)`), or
+        None with the reader's words on what is wrong with it."""
+        path = self.path(name, in_data)
+        if path is None:
+            self.problems[name] = NO_DATA_DIR
+            return None
         if not path.is_file():
             self.problems[name] = f"{path} does not exist"
             return None
         try:
-            return read(self.run_dir)
+            return read(path.parent)
         except UserError as err:
             self.problems[name] = str(err)
             return None
 
-    def manifest(self) -> dict | None:
-        return self.json(MANIFEST, in_data=True)
+    def prepared(self) -> PreparedData | None:
+        """The data folder's prepared data set (its manifest), as `open_prepared` reads it."""
+        return self.artifact(MANIFEST, open_prepared, in_data=True)
+
+    def model_card(self) -> ModelCard | None:
+        return self.artifact(MODEL_CARD, read_model_card)
+
+    def sidecar(self, name: str) -> Sidecar | None:
+        """The run folder's sidecar `name` (run_folder.sidecar_path), as predict reads it (covidxray/sidecar.py)."""
+        return self.artifact(name, lambda folder: _sidecar_file(folder / name))
 
     def yaml(self, name: str) -> dict | None:
         value = self._read(name, False, lambda p: yaml.safe_load(p.read_text()))
@@ -93,3 +108,15 @@ class RunFiles:
 
     def why_missing(self, name: str) -> str:
         return self.problems.get(name, f"{name} was not read")
+
+
+def _sidecar_file(path: Path) -> Sidecar:
+    """The sidecar at `path` read by `read_sidecar`; UserError worded as predict words it (covidxray/edge/litert.py)."""
+    try:
+        content = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as err:
+        raise UserError(f"sidecar {path} is damaged ({type(err).__name__}: {err}): export again") from None
+    try:
+        return read_sidecar(content)
+    except SidecarError as err:
+        raise UserError(f"sidecar {path} {err}: export again") from None

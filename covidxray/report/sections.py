@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 from covidxray.data.composition import SOURCE_TRAITS
-from covidxray.manifest import DROPPED_TABLE, DUPLICATE_TABLE, MANIFEST, SPLITS
+from covidxray.manifest import DROPPED_TABLE, DUPLICATE_TABLE, MANIFEST, SPLITS, Manifest, PreparedData, SplitSummary
 from covidxray.report.html import esc, figure, missing, number, png, pointer, ref, table, text_from
 from covidxray.report.run_files import RunFiles
 from covidxray.reports import (
@@ -19,7 +19,8 @@ from covidxray.reports import (
     read_evaluation_report,
     read_export_report,
 )
-from covidxray.run_folder import CONFIG_FILE, EVALUATION, EXPORT_REPORT, MODEL_CARD, TRAIN_LOG, sidecar_path
+from covidxray.run_folder import CONFIG_FILE, EVALUATION, EXPORT_REPORT, MODEL_CARD, TRAIN_LOG, ModelCard, sidecar_path
+from covidxray.sidecar import Sidecar
 
 TOP_REASONS = 5
 # The train.* settings that decide what is learned (the rest: Horovod tuning, paths, seeds, are in config.yaml).
@@ -51,6 +52,11 @@ def _recorded(mapping: dict, key: str, source: str) -> str:
     return text_from(mapping[key], source) if key in mapping else "not recorded"
 
 
+def _text_or_not_recorded(value: object, source: str) -> str:
+    """A text value of a loaded file, or "not recorded" when the file holds none (None)."""
+    return text_from(value, source) if value is not None else "not recorded"
+
+
 def _figures(entry: object, at: str, keys: tuple[str, ...]) -> list[str]:
     """The figures `keys` of `entry` (a report's typed entry; None: not there, each figure n/a), which sits at `at`
     (file#pointer) in its file."""
@@ -64,16 +70,17 @@ def _rerun(command: str) -> str:
 # --- data card --------------------------------------------------------------------------------------------
 
 
-def data_card(files: RunFiles) -> str:
-    manifest = files.manifest()
-    if manifest is None:
+def data_card(files: RunFiles, data: PreparedData | None) -> str:
+    """`data`: the run's prepared data as `files.prepared()` read it (None: missing, `files` says why)."""
+    if data is None:
         return missing(f"the data card ({MANIFEST} of the prepared data)", files.why_missing(MANIFEST))
+    manifest = data.manifest
     parts = [
         f"<p>Prepared data: <code>{esc(files.data_dir)}</code> (from {esc(files.data_dir_origin)}); task "
-        f"{_recorded(manifest, 'task', ref(MANIFEST, 'task'))}, image size "
-        f"{figure(manifest.get('image_size'), ref(MANIFEST, 'image_size'))} px, harmonisation "
-        f"{_recorded(manifest, 'harmonise', ref(MANIFEST, 'harmonise'))}. Manifest sha256 "
-        f"{_recorded(manifest.get('checksum', {}), 'sha256', ref(MANIFEST, 'checksum', 'sha256'))}.</p>",
+        f"{text_from(manifest.task, ref(MANIFEST, 'task'))}, image size "
+        f"{figure(manifest.image_size, ref(MANIFEST, 'image_size'))} px, harmonisation "
+        f"{text_from(manifest.harmonise, ref(MANIFEST, 'harmonise'))}. Manifest sha256 "
+        f"{text_from(manifest.checksum['sha256'], ref(MANIFEST, 'checksum', 'sha256'))}.</p>",
         _sources_table(manifest),
         _split_tables(manifest),
         _shortcut_warnings(manifest),
@@ -83,9 +90,9 @@ def data_card(files: RunFiles) -> str:
     return "".join(parts)
 
 
-def _sources_table(manifest: dict) -> str:
+def _sources_table(manifest: Manifest) -> str:
     rows = []
-    for name, info in manifest.get("sources", {}).items():
+    for name, info in manifest.sources.items():
         at = ref(MANIFEST, "sources", name)
         version = [
             f"{key} {text_from(info[key], at + pointer(key))}" for key in ("version", "commit", "sha256") if key in info
@@ -110,29 +117,29 @@ def _sources_table(manifest: dict) -> str:
     )
 
 
-def _split_tables(manifest: dict) -> str:
-    labels = manifest.get("labels", [])
-    splits = manifest.get("splits", {})
+def _split_tables(manifest: Manifest) -> str:
+    labels = manifest.labels
+    splits: dict[str, SplitSummary] = manifest.splits  # every split is there: open_prepared refuses a manifest without
     rows = []
     for split in SPLITS:
-        info = splits.get(split, {})
+        info = splits[split]
         at = ref(MANIFEST, "splits", split)
         rows.append(
             [
                 esc(split),
-                figure(info.get("records"), at + pointer("records")),
-                figure(info.get("patients"), at + pointer("patients")),
+                figure(info.records, at + pointer("records")),
+                figure(info.patients, at + pointer("patients")),
             ]
-            + [figure(info.get("classes", {}).get(c, 0), at + pointer("classes", c)) for c in labels]
+            + [figure(info.classes.get(c, 0), at + pointer("classes", c)) for c in labels]
         )
     by_source = []
     for split in SPLITS:
-        for source, counts in splits.get(split, {}).get("source_classes", {}).items():
+        for source, counts in splits[split].source_classes.items():
             at = ref(MANIFEST, "splits", split, "source_classes", source)
             by_source.append([esc(split), esc(source)] + [figure(counts.get(c, 0), at + pointer(c)) for c in labels])
     patient_note = (
         "Patients are disjoint across splits."
-        if manifest.get("patient_disjoint")
+        if manifest.patient_disjoint
         else "The manifest does not record the splits as patient-disjoint."
     )
     return (
@@ -143,8 +150,8 @@ def _split_tables(manifest: dict) -> str:
     )
 
 
-def _shortcut_warnings(manifest: dict) -> str:
-    warnings = manifest.get("composition", {}).get("warnings", [])
+def _shortcut_warnings(manifest: Manifest) -> str:
+    warnings = manifest.composition_warnings
     if not warnings:
         return "<h3>Shortcut warnings</h3><p>None: no class comes mostly from one source.</p>"
     items = "".join(f'<li class="warning">{esc(w)}</li>' for w in warnings)
@@ -160,8 +167,8 @@ def _top(rows: list[dict], column: str, table_name: str, header: str) -> str:
     return f"<p>Top {esc(header)} ({esc(table_name)}):</p>" + table([header, "rows"], cells)
 
 
-def _dropped(files: RunFiles, manifest: dict) -> str:
-    total = figure(manifest.get("dropped_total", 0), ref(MANIFEST, "dropped_total"))
+def _dropped(files: RunFiles, manifest: Manifest) -> str:
+    total = figure(manifest.dropped_total, ref(MANIFEST, "dropped_total"))
     rows = files.rows(DROPPED_TABLE)
     if rows is None:
         return f"<h3>Dropped</h3><p>{total} records dropped.</p>" + missing(
@@ -172,8 +179,8 @@ def _dropped(files: RunFiles, manifest: dict) -> str:
     )
 
 
-def _duplicates(files: RunFiles, manifest: dict) -> str:
-    removed = manifest.get("duplicates_removed", {})
+def _duplicates(files: RunFiles, manifest: Manifest) -> str:
+    removed = manifest.duplicates_removed
     at = ref(MANIFEST, "duplicates_removed")
     kinds = ", ".join(
         f"{esc(kind)} {figure(removed[kind], at + pointer(kind))}"
@@ -192,9 +199,10 @@ def _duplicates(files: RunFiles, manifest: dict) -> str:
 # --- training ---------------------------------------------------------------------------------------------
 
 
-def training(files: RunFiles, curves: str | None) -> str:
-    """`curves`: the training curves as inline SVG (covidxray/report/plots.py), None without a log."""
-    config, log, card = files.yaml(CONFIG_FILE), files.json(TRAIN_LOG), files.json(MODEL_CARD)
+def training(files: RunFiles, curves: str | None, card: ModelCard | None) -> str:
+    """`curves`: the training curves as inline SVG (covidxray/report/plots.py), None without a log; `card`: the
+    run's model card as `files.model_card()` read it (None: missing, `files` says why)."""
+    config, log = files.yaml(CONFIG_FILE), files.json(TRAIN_LOG)
     parts = []
     if config is None:
         parts.append(missing(f"the training settings ({CONFIG_FILE})", files.why_missing(CONFIG_FILE)))
@@ -205,11 +213,10 @@ def training(files: RunFiles, curves: str | None) -> str:
     if card is None:
         parts.append(missing(f"the model card ({MODEL_CARD}: best epoch, labels)", files.why_missing(MODEL_CARD)))
     else:
-        best = card.get("best", {})
         parts.append(
-            f"<p>Saved model: {_recorded(card, 'model', ref(MODEL_CARD, 'model'))}, best epoch "
-            f"{figure(best.get('epoch'), ref(MODEL_CARD, 'best', 'epoch'))} by validation AUC "
-            f"{figure(best.get('val_auc'), ref(MODEL_CARD, 'best', 'val_auc'))}.</p>"
+            f"<p>Saved model: {_text_or_not_recorded(card.model, ref(MODEL_CARD, 'model'))}, best epoch "
+            f"{figure(card.best.get('epoch'), ref(MODEL_CARD, 'best', 'epoch'))} by validation AUC "
+            f"{figure(card.best.get('val_auc'), ref(MODEL_CARD, 'best', 'val_auc'))}.</p>"
         )
     if log is None:
         parts.append(missing(f"the training log ({TRAIN_LOG})", files.why_missing(TRAIN_LOG)))
@@ -383,20 +390,16 @@ def exported(files: RunFiles) -> str:
     for fmt, entry in report.formats.items():
         at = ref(EXPORT_REPORT, fmt)
         sidecar_name = sidecar_path(files.run_dir / entry.file).name
-        sidecar = files.json(sidecar_name)
+        sidecar = files.sidecar(sidecar_name)
         if sidecar is None:
             notes.append(missing(f"the sidecar of {fmt} ({sidecar_name})", files.why_missing(sidecar_name)))
-            sidecar = {}
-        latency = sidecar.get("latency")
         rows.append(
             [
                 esc(fmt),
                 figure(entry.bytes * 1e-6, f"scale:1e-6:{at}{pointer('bytes')}", ".2f"),
                 *_figures(entry, at, ("agreement", "accuracy", "accuracy_delta")),
-                figure(sidecar.get("temperature", {}).get("value"), ref(sidecar_name, "temperature", "value")),
-                figure(sidecar.get("ood", {}).get("threshold"), ref(sidecar_name, "ood", "threshold"), ".2f"),
-                figure(sidecar.get("layout", {}).get("threshold"), ref(sidecar_name, "layout", "threshold"), ".2f"),
-                figure(latency, ref(sidecar_name, "latency")) if latency is not None else "not measured",
+                *_sidecar_figures(sidecar, sidecar_name),
+                "not measured",  # a sidecar holds no latency: see scripts/bench_predict.py
             ]
         )
     at = EXPORT_REPORT + "#"
@@ -417,6 +420,18 @@ def exported(files: RunFiles) -> str:
         "latency",
     ]
     return head + table(headers, rows) + "".join(notes)
+
+
+def _sidecar_figures(sidecar: Sidecar | None, name: str) -> list[str]:
+    """Temperature and the two gates' thresholds of a format's sidecar; n/a, cited from nothing, when it is
+    missing (the note under the table says why)."""
+    if sidecar is None:
+        return ["n/a"] * 3
+    fits = {"ood": sidecar.ood or {}, "layout": sidecar.layout or {}}
+    return [
+        figure(sidecar.temperature_value, ref(name, "temperature", "value")),
+        *(figure(fit.get("threshold"), ref(name, gate, "threshold"), ".2f") for gate, fit in fits.items()),
+    ]
 
 
 # --- examples and intended use ----------------------------------------------------------------------------
@@ -458,12 +473,12 @@ INTENDED_USE = (
 )
 
 
-def intended_use(files: RunFiles, registered_sources: list[str]) -> str:
-    manifest = files.manifest()
-    if manifest is None:
+def intended_use(files: RunFiles, data: PreparedData | None, registered_sources: list[str]) -> str:
+    if data is None:
         seen = missing("which sources and populations the model has seen", files.why_missing(MANIFEST))
     else:
-        names = list(manifest.get("sources", {}))
+        manifest = data.manifest
+        names = list(manifest.sources)
         seen_items = "".join(
             f"<li>{esc(n)}{esc(' (' + SOURCE_TRAITS[n] + ')') if n in SOURCE_TRAITS else ''}</li>" for n in names
         )
@@ -471,10 +486,10 @@ def intended_use(files: RunFiles, registered_sources: list[str]) -> str:
         unseen_items = "".join(
             f"<li>{esc(n)}{esc(' (' + SOURCE_TRAITS[n] + ')') if n in SOURCE_TRAITS else ''}</li>" for n in unseen
         )
-        labels = ", ".join(esc(c) for c in manifest.get("labels", []))
+        labels = ", ".join(esc(c) for c in manifest.labels)
         seen = (
-            f"<p>It tells apart only: {labels} (task {esc(manifest.get('task'))}), on frontal chest radiographs "
-            f"resized to {esc(manifest.get('image_size'))} px. Any other finding, view, body part or modality is "
+            f"<p>It tells apart only: {labels} (task {esc(manifest.task)}), on frontal chest radiographs "
+            f"resized to {esc(manifest.image_size)} px. Any other finding, view, body part or modality is "
             "outside what it has seen.</p>"
             f"<h3>Seen in training (from the manifest)</h3><ul>{seen_items}</ul>"
             f"<h3>Not seen</h3><ul>{unseen_items}<li>every hospital, scanner, age group and population not in the list "
