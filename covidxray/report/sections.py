@@ -399,7 +399,6 @@ def exported(files: RunFiles) -> str:
                 figure(entry.bytes * 1e-6, f"scale:1e-6:{at}{pointer('bytes')}", ".2f"),
                 *_figures(entry, at, ("agreement", "accuracy", "accuracy_delta")),
                 *_sidecar_figures(sidecar, sidecar_name),
-                "not measured",  # a sidecar holds no latency: see scripts/bench_predict.py
             ]
         )
     at = EXPORT_REPORT + "#"
@@ -417,7 +416,6 @@ def exported(files: RunFiles) -> str:
         "temperature",
         "OOD gate threshold",
         "layout gate threshold",
-        "latency",
     ]
     return head + table(headers, rows) + "".join(notes)
 
