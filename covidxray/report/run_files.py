@@ -42,13 +42,20 @@ class RunFiles:
             return self.data_dir / name if self.data_dir else None
         return self.run_dir / name
 
-    def _read(self, name: str, in_data: bool, parse) -> Any:
+    def _existing(self, name: str, in_data: bool) -> Path | None:
+        """The file's path, or None with why it is missing."""
         path = self.path(name, in_data)
         if path is None:
             self.problems[name] = NO_DATA_DIR
             return None
         if not path.is_file():
             self.problems[name] = f"{path} does not exist"
+            return None
+        return path
+
+    def _read(self, name: str, in_data: bool, parse) -> Any:
+        path = self._existing(name, in_data)
+        if path is None:
             return None
         try:
             return parse(path)
@@ -66,12 +73,8 @@ class RunFiles:
     def artifact(self, name: str, read: Callable[[Path], Artifact], in_data: bool = False) -> Artifact | None:
         """`name` of the run folder (of the data folder: `in_data`) loaded by its own reader (`read(folder)`), or
         None with the reader's words on what is wrong with it."""
-        path = self.path(name, in_data)
+        path = self._existing(name, in_data)
         if path is None:
-            self.problems[name] = NO_DATA_DIR
-            return None
-        if not path.is_file():
-            self.problems[name] = f"{path} does not exist"
             return None
         try:
             return read(path.parent)
