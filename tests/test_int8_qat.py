@@ -49,10 +49,8 @@ def test_qat_int8_agrees_with_keras_at_least_as_well_as_ptq(shared_data, tmp_pat
     keras = served.predict(test, verbose=0)[0].argmax(1)
     ptq = convert(write_saved_model(served, tmp_path / "ptq"), "int8", train)
 
-    def batches(size):
-        return (train[start : start + size] for start in range(0, len(train) - size + 1, size))
-
-    student = quantization_aware(served, batches, steps=12, learning_rate=1e-5, calibration_films=96, say=print)
+    films = train.astype(np.uint8)
+    student = quantization_aware(served, lambda count: films[:count], 12, 3e-6, calibration_films=96, say=print)
     tf.saved_model.save(student, str(tmp_path / "qat"), signatures=_named_like(served, student))
     qat = convert(tmp_path / "qat", "int8", train)
 

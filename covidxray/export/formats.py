@@ -30,8 +30,8 @@ class Exporter:
     # A `meets_bar: False` entry makes export fail after writing its report.
     extras: Callable[[Path, dict, list[str], int, Any], dict] | None = None
     # The model to convert instead of the exported one, or None for that one:
-    # (the served float Keras model, batch size -> a fresh iterator of train-split batches, export settings, say) -> model.
-    fine_tune: Callable[[Any, Callable[[int], Any], Any, Callable[[str], None]], Any] | None = None
+    # (the served float Keras model, n -> about n uint8 train films spread over the split, export settings, say) -> model.
+    fine_tune: Callable[[Any, Callable[[int], np.ndarray], Any, Callable[[str], None]], Any] | None = None
 
 
 FORMATS: Registry[Exporter] = Registry("export format")
@@ -67,14 +67,19 @@ def _int8_extras(tflite: Path, entry: dict, labels: list[str], image_size: int, 
     }
 
 
-def _int8_fine_tune(served, batches, settings, say):
+def _int8_fine_tune(served, train_films, settings, say):
     """export.int8_method qat: the quantization-aware student (covidxray/export/qat.py); ptq: None."""
     if settings.int8_method != "qat":
         return None
     from covidxray.export.qat import quantization_aware
 
     return quantization_aware(
-        served, batches, settings.int8_qat_steps, settings.int8_qat_learning_rate, settings.representative_samples, say
+        served,
+        train_films,
+        settings.int8_qat_steps,
+        settings.int8_qat_learning_rate,
+        settings.representative_samples,
+        say,
     )
 
 

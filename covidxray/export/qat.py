@@ -12,7 +12,6 @@ and dropout is off, so the only thing trained is how the quantized graph matches
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -94,20 +93,21 @@ def _pre_activation(layer: tf.keras.layers.Layer) -> tf.Tensor:
     return tensor
 
 
-def _films(batches: Callable[[int], Iterator[np.ndarray]], steps: int) -> Iterator[np.ndarray]:
-    """`steps` batches, starting the split again when it runs out."""
-    done = 0
-    while done < steps:
-        for batch in batches(BATCH_SIZE):
-            yield batch
-            done += 1
-            if done == steps:
-                return
+def _batches(films: np.ndarray, steps: int, seed: int = 0) -> Iterator[np.ndarray]:
+    """`steps` batches of BATCH_SIZE films, each pass over `films` in a new (seeded) order."""
+    rng = np.random.default_rng(seed)
+    order = np.concatenate([rng.permutation(len(films)) for _ in range(-(-steps * BATCH_SIZE // len(films)))])
+    for step in range(steps):
+        yield films[order[step * BATCH_SIZE : (step + 1) * BATCH_SIZE]]
+
+
+def _batched(films: np.ndarray) -> Iterator[np.ndarray]:
+    return (films[start : start + BATCH_SIZE] for start in range(0, len(films), BATCH_SIZE))
 
 
 def quantization_aware(
     served: tf.keras.Model,
-    batches: Callable[[int], Iterator[np.ndarray]],
+    train_films: Callable[[int], np.ndarray],
     steps: int,
     learning_rate: float,
     calibration_films: int,
@@ -115,13 +115,15 @@ def quantization_aware(
 ) -> tf.keras.Model:
     """`served` (probabilities first) fine-tuned with fake int8 quantization to give its own float probabilities.
 
-    `batches(n)` yields the train split's pixels, n films at a time, from the start each call. The
-    result has the same outputs in the same order; the class-map kernel is set to the fine-tuned last layer's
-    again, so the maps stay that layer's Grad-CAM.
+    `train_films(n)` gives about n train films (uint8) spread over the split: steps x BATCH_SIZE are read once
+    (each film seen about once), the activation ranges are calibrated on `calibration_films` of them spread as
+    evenly. The result has the same outputs in the same order; the class-map kernel is set to the fine-tuned
+    last layer's again, so the maps stay that layer's Grad-CAM.
     """
+    films = train_films(steps * BATCH_SIZE)
     with tfmot.quantization.keras.quantize_scope():
         student = tfmot.quantization.keras.quantize_apply(_annotated(served))
-    _calibrate(student, served, itertools.islice(batches(BATCH_SIZE), -(-calibration_films // BATCH_SIZE)))
+    _calibrate(student, served, _batched(films[:: max(1, len(films) // calibration_films)][:calibration_films]))
     optimizer = tf.keras.optimizers.Adam(learning_rate)
     kl_divergence = tf.keras.losses.KLDivergence()
 
@@ -136,7 +138,7 @@ def quantization_aware(
 
     say(f"int8 (qat): fine-tuning {steps} steps of {BATCH_SIZE} train films, learning rate {learning_rate:g}")
     losses = []
-    for step, images in enumerate(_films(batches, steps), 1):
+    for step, images in enumerate(_batches(films, steps), 1):
         losses.append(float(train_step(tf.constant(images, tf.float32))))
         if step % PROGRESS_EVERY == 0 or step == steps:
             say(f"int8 (qat): step {step}/{steps}, distillation loss {np.mean(losses[-PROGRESS_EVERY:]):.5f}")

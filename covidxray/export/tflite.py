@@ -202,14 +202,12 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     return report
 
 
-def _train_batches(data: PreparedData, size: int) -> Iterator[np.ndarray]:
-    """The train split's pixels, `size` films at a time (a last, smaller batch dropped), streamed from the shards."""
-    batch = []
-    for image, _ in iter_split(data, "train"):
-        batch.append(image)
-        if len(batch) == size:
-            yield np.stack(batch)
-            batch = []
+def spread_train_films(data: PreparedData, count: int) -> np.ndarray:
+    """About `count` train films (uint8) spread evenly over the split: its shards are in class order, so the
+    first films would all be one class."""
+    step = max(1, data.manifest.splits["train"].records // count)
+    films = [image for i, (image, _) in enumerate(iter_split(data, "train")) if i % step == 0]
+    return np.stack(films[:count]).astype(np.uint8)  # gray pixels 0..255: exact, a quarter of float32's memory
 
 
 def _converted(
@@ -223,7 +221,9 @@ def _converted(
     fine_tune = FORMATS.get(fmt).fine_tune
     started = time.monotonic()
     tuned = (
-        fine_tune(source.served, lambda size: _train_batches(source.data, size), settings, say) if fine_tune else None
+        fine_tune(source.served, lambda count: spread_train_films(source.data, count), settings, say)
+        if fine_tune
+        else None
     )
     if tuned is None:
         with native_stderr_to(source.run_dir / CONVERTER_LOG):
