@@ -138,7 +138,7 @@ class ExportConfig:
     # covidxray/export/qat.py; int8_qat_steps batches of 16 train films at int8_qat_learning_rate).
     int8_method: str = setting("ptq", choices=("ptq", "qat"))
     int8_qat_steps: int = setting(200, low=1, high=100_000)
-    int8_qat_learning_rate: float = setting(1e-5, above=0.0, high=0.01)
+    int8_qat_learning_rate: float = setting(3e-6, above=0.0, high=0.01)
     # Out-of-distribution threshold = the largest val-split distance x this (covidxray/edge/ood.py).
     ood_margin: float = setting(2.0, above=0.0, high=100.0)
     # Chest-layout threshold = the largest val-split layout score x this (covidxray/edge/chest_layout.py).
