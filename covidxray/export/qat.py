@@ -33,10 +33,7 @@ def _annotated(served: tf.keras.Model) -> tf.keras.Model:
         if isinstance(layer, tf.keras.layers.Dropout):
             config["rate"] = 0.0
         # Trainable BatchNorm would re-estimate its statistics on these few batches; frozen it runs in inference mode.
-        # The class maps get no gradient (the loss reads the probabilities): they are re-set from the last layer.
-        config["trainable"] = (
-            not isinstance(layer, tf.keras.layers.BatchNormalization) and layer.name != CLASS_MAPS_OUTPUT
-        )
+        config["trainable"] = not isinstance(layer, tf.keras.layers.BatchNormalization)
         clone = layer.__class__.from_config(config)
         # BatchNormalization is no registry entry: the scheme's layout transforms fold it into the convolution
         # before it, as the converter does, when both are marked.
@@ -124,6 +121,8 @@ def quantization_aware(
     with tfmot.quantization.keras.quantize_scope():
         student = tfmot.quantization.keras.quantize_apply(_annotated(served))
     _calibrate(student, served, _batched(films[:: max(1, len(films) // calibration_films)][:calibration_films]))
+    # The class maps get no gradient (the loss reads the probabilities): they are set from the last layer after.
+    tuned = [v for v in student.trainable_variables if not v.name.startswith(f"{CLASS_MAPS_OUTPUT}/")]
     optimizer = tf.keras.optimizers.Adam(learning_rate)
     kl_divergence = tf.keras.losses.KLDivergence()
 
@@ -132,8 +131,7 @@ def quantization_aware(
         target = served(images, training=False)[0]
         with tf.GradientTape() as tape:
             loss = kl_divergence(target, student(images, training=True)[0])
-        gradients = tape.gradient(loss, student.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, student.trainable_variables))
+        optimizer.apply_gradients(zip(tape.gradient(loss, tuned), tuned))
         return loss
 
     say(f"int8 (qat): fine-tuning {steps} steps of {BATCH_SIZE} train films, learning rate {learning_rate:g}")
