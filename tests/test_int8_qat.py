@@ -69,7 +69,9 @@ def test_qat_export_writes_the_keras_model_as_float32_and_a_usable_int8(trained_
 
     run_dir = copy_trained_model(trained_run, tmp_path / "run")
     args = ["--run-dir", str(run_dir), "--data-dir", str(synthetic_data), "--format", "float32", "--format", "int8"]
-    result = run_cli("export", *args, "--set", "export.int8_method=qat", "--set", "export.int8_qat_steps=5")
+    qat = ["--set", "export.int8_method=qat", "--set", "export.int8_qat_steps=5"]
+    # The bar is not this test's concern (5 steps on phantoms): the files, the report and the outputs are.
+    result = run_cli("export", *args, *qat, "--set", "export.int8_min_agreement=0")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "int8 (qat): step 5/5" in result.stdout
     report = json.loads((run_dir / "export_report.json").read_text())
