@@ -196,8 +196,8 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         raise UserError(
             f"{fmt} model agrees with Keras on only {report[fmt]['agreement']:.2%} of the test split "
             f"(bar: export.int8_min_agreement={config.export.int8_min_agreement:.2%}); do not deploy "
-            f"{run_dir / tflite_name(fmt)}. Try more calibration images (export.representative_samples) "
-            f"or deploy float16; see {run_dir / EXPORT_REPORT}"
+            f"{run_dir / tflite_name(fmt)}. Try more calibration images (export.representative_samples), "
+            f"quantization-aware fine-tuning (export.int8_method=qat), or deploy float16; see {run_dir / EXPORT_REPORT}"
         )
     return report
 
