@@ -73,7 +73,7 @@ def test_qat_export_writes_the_keras_model_as_float32_and_a_usable_int8(trained_
     # The bar is not this test's concern (5 steps on phantoms): the files, the report and the outputs are.
     result = run_cli("export", *args, *qat, "--set", "export.int8_min_agreement=0")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "int8 (qat): step 5/5" in result.stdout
+    assert "int8 (qat): step 5/5" in result.stderr  # progress, with the rest of export's, on stderr
     report = json.loads((run_dir / "export_report.json").read_text())
     assert report["int8"]["method"] == "qat" and report["int8"]["fine_tune_s"] > 0
     assert report["float32"]["agreement"] == 1.0  # the float32 file is the Keras model, not the fine-tuned one
