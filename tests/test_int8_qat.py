@@ -80,5 +80,5 @@ def test_qat_export_writes_the_keras_model_as_float32_and_a_usable_int8(trained_
     assert "method" not in report["float32"] and "fine_tune_s" not in report["float32"]
     classifier = TFLiteClassifier(run_dir / "model-int8.tflite")
     assert classifier.embedding_output is not None
-    probabilities, embedding = classifier.infer(np.zeros((64, 64), np.float32))
+    probabilities, embedding = classifier.infer(np.full((64, 64, 1), 128, np.float32))
     assert probabilities.shape == (len(classifier.labels),) and embedding is not None
