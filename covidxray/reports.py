@@ -173,14 +173,17 @@ class FormatEntry:
     test_over_layout_threshold: float
     test_not_upright: float
     bytes: int
-    # What a format's registered extras add (covidxray/export/formats.py Exporter.extras): int8's agreement bar
-    # and C array. A format whose extras add another entry declares it here.
+    # What a format's registered extras add (covidxray/export/formats.py Exporter.extras): int8's agreement bar,
+    # C array and method (ptq or qat), and a fine-tuned format's fine-tune seconds. A format whose extras add
+    # another entry declares it here.
     meets_bar: bool | None = None
     c_array: list[str] | None = None
+    method: str | None = None
+    fine_tune_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The entry as written: an extra only for the formats that have it."""
-        extras = ("meets_bar", "c_array")
+        extras = ("meets_bar", "c_array", "method", "fine_tune_s")
         return {k: v for k, v in dataclasses.asdict(self).items() if not (k in extras and v is None)}
 
 

@@ -29,13 +29,18 @@ class Exporter:
     # (the .tflite path, its export report entry, class names, image size, export settings) -> entries to add.
     # A `meets_bar: False` entry makes export fail after writing its report.
     extras: Callable[[Path, dict, list[str], int, Any], dict] | None = None
+    # The model to convert instead of the exported one, or None for that one:
+    # (the served float Keras model, n -> about n uint8 train films spread over the split, export settings, say) -> model.
+    fine_tune: Callable[[Any, Callable[[int], np.ndarray], Any, Callable[[str], None]], Any] | None = None
 
 
 FORMATS: Registry[Exporter] = Registry("export format")
 
 
-def register_format(name: str, description: str, needs_representative: bool = False, extras=None):
-    return lambda configure: FORMATS.add(name, Exporter(configure, needs_representative, extras), description)
+def register_format(name: str, description: str, needs_representative: bool = False, extras=None, fine_tune=None):
+    return lambda configure: FORMATS.add(
+        name, Exporter(configure, needs_representative, extras, fine_tune), description
+    )
 
 
 @register_format("float32", "float32 weights and activations: the reference the other formats are checked against")
@@ -56,17 +61,35 @@ def _int8_extras(tflite: Path, entry: dict, labels: list[str], image_size: int, 
     from covidxray.export.c_array import write_c_array
 
     return {
+        "method": settings.int8_method,
         "meets_bar": entry["agreement"] >= settings.int8_min_agreement,
         "c_array": [path.name for path in write_c_array(tflite, labels, image_size)],
     }
 
 
+def _int8_fine_tune(served, train_films, settings, say):
+    """export.int8_method qat: the quantization-aware student (covidxray/export/qat.py); ptq: None."""
+    if settings.int8_method != "qat":
+        return None
+    from covidxray.export.qat import quantization_aware
+
+    return quantization_aware(
+        served,
+        train_films,
+        settings.int8_qat_steps,
+        settings.int8_qat_learning_rate,
+        settings.representative_samples,
+        say,
+    )
+
+
 @register_format(
     "int8",
-    "integer only, calibrated on train images: uint8 gray pixels in, uint8 probabilities out "
-    "(also the C array for TensorFlow Lite Micro)",
+    "integer only, calibrated on train images (export.int8_method qat: after quantization-aware fine-tuning): "
+    "uint8 gray pixels in, uint8 probabilities out (also the C array for TensorFlow Lite Micro)",
     needs_representative=True,
     extras=_int8_extras,
+    fine_tune=_int8_fine_tune,
 )
 def _int8(converter, representative) -> None:
     import tensorflow as tf

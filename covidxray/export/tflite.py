@@ -14,9 +14,10 @@ calibrated probabilities predict will show, against the Keras model.
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
+import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,15 +62,13 @@ def iter_split(data: PreparedData, split: str) -> Iterator[tuple[np.ndarray, int
         yield record["image"].astype(np.float32), record["label"]
 
 
-def load_split(data: PreparedData, split: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def load_split(data: PreparedData, split: str) -> tuple[np.ndarray, np.ndarray]:
     images, labels = [], []
-    for image, label in itertools.islice(iter_split(data, split), limit):
+    for image, label in iter_split(data, split):
         images.append(image)
         labels.append(label)
     if not images:
-        raise UserError(
-            f"{data.path}: the {split} split is empty; export needs it (test for parity, train for int8 calibration)"
-        )
+        raise UserError(f"{data.path}: the {split} split is empty; export needs it (test: parity with Keras)")
     return np.stack(images), np.array(labels)
 
 
@@ -151,6 +150,7 @@ class ExportSource:
     card: ModelCard
     data: PreparedData
     keras_sha256: str
+    served: tf.keras.Model  # the outputs export converts, input scaling folded (the SavedModel's function)
     saved_model: Path
     test_images: np.ndarray
     test_labels: np.ndarray
@@ -183,9 +183,10 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     }
     pixel_checks: dict = {}  # pixels only: fitted with the first format, shared by the others
     for fmt in formats:
-        with native_stderr_to(run_dir / CONVERTER_LOG):
-            flatbuffer = convert(source.saved_model, fmt, source.representative)
+        flatbuffer, fine_tune_s = _converted(source, fmt, config.export, say)
         content[fmt] = export_format(source, fmt, flatbuffer, config.export, pixel_checks, say)
+        if fine_tune_s is not None:
+            content[fmt]["fine_tune_s"] = fine_tune_s
     report = export_report(content)
     write_export_report(run_dir, report)
     below_bar = [fmt for fmt, entry in report.formats.items() if entry.meets_bar is False]  # written and reported first
@@ -194,10 +195,56 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         raise UserError(
             f"{fmt} model agrees with Keras on only {report.formats[fmt].agreement:.2%} of the test split "
             f"(bar: export.int8_min_agreement={config.export.int8_min_agreement:.2%}); do not deploy "
-            f"{run_dir / tflite_name(fmt)}. Try more calibration images (export.representative_samples) "
-            f"or deploy float16; see {run_dir / EXPORT_REPORT}"
+            f"{run_dir / tflite_name(fmt)}. Try more calibration images (export.representative_samples), "
+            f"quantization-aware fine-tuning (export.int8_method=qat), or deploy float16; see {run_dir / EXPORT_REPORT}"
         )
     return report.to_json()
+
+
+def spread_train_films(data: PreparedData, count: int) -> np.ndarray:
+    """About `count` train films (uint8) spread evenly over the split: its shards are in class order, so the
+    first films would all be one class."""
+    step = max(1, data.manifest.splits["train"].records // count)
+    films = [image for i, (image, _) in enumerate(iter_split(data, "train")) if i % step == 0]
+    if not films:
+        raise UserError(f"{data.path}: the train split is empty; export needs it (train: int8 calibration)")
+    return np.stack(films[:count]).astype(np.uint8)  # gray pixels 0..255: exact, a quarter of float32's memory
+
+
+def _converted(
+    source: ExportSource, fmt: str, settings: ExportConfig, say: Callable[[str], None]
+) -> tuple[bytes, float | None]:
+    """The format's flatbuffer and the seconds its fine-tune took (None: it converts the exported SavedModel).
+
+    A fine-tuned model (int8 with export.int8_method qat) is converted from a SavedModel of its own, in a
+    temporary folder, with the exported one's signature names, so the edge runtime reads it unchanged; the
+    run's saved_model/ stays the Keras model's."""
+    fine_tune = FORMATS.get(fmt).fine_tune
+    started = time.monotonic()
+    tuned = (
+        fine_tune(source.served, lambda count: spread_train_films(source.data, count), settings, say)
+        if fine_tune
+        else None
+    )
+    if tuned is None:
+        with native_stderr_to(source.run_dir / CONVERTER_LOG):
+            return convert(source.saved_model, fmt, source.representative), None
+    fine_tune_s = time.monotonic() - started
+    with tempfile.TemporaryDirectory(dir=source.run_dir) as workdir, native_stderr_to(source.run_dir / CONVERTER_LOG):
+        saved_model = Path(workdir) / SAVED_MODEL_DIR
+        tf.saved_model.save(tuned, str(saved_model), signatures=_named_like(source.served, tuned))
+        return convert(saved_model, fmt, source.representative), fine_tune_s
+
+
+def _named_like(served: tf.keras.Model, tuned: tf.keras.Model) -> tf.types.experimental.ConcreteFunction:
+    """`tuned`'s serving function with `served`'s input and output names (a wrapped layer's name differs)."""
+    spec = tf.TensorSpec(served.inputs[0].shape, tf.float32, name=served.input_names[0])
+
+    @tf.function(input_signature=[spec])
+    def serve(image):
+        return dict(zip(served.output_names, tuned(image, training=False), strict=True))
+
+    return serve.get_concrete_function()
 
 
 def _training_data(config: Config, say: Callable[[str], None]) -> tuple[ModelCard, PreparedData, bool]:
@@ -229,17 +276,18 @@ def _convert_source(
     test_images, test_labels = load_split(data, "test")
     keras_pred = model.predict(test_images, batch_size=64, verbose=0).argmax(1)
     representative = (
-        load_split(data, "train", representative_samples)[0]
+        spread_train_films(data, representative_samples)
         if any(FORMATS.get(f).needs_representative for f in formats)
         else None
     )
     log = run_dir / CONVERTER_LOG
     log.unlink(missing_ok=True)
+    served = served_model(fold_input_scaling(model))
     with native_stderr_to(log):
-        saved_model = write_saved_model(served_model(fold_input_scaling(model)), run_dir)
+        saved_model = write_saved_model(served, run_dir)
     say(f"SavedModel: {saved_model}")
     return ExportSource(
-        run_dir, card, data, keras_sha256, saved_model, test_images, test_labels, keras_pred, representative
+        run_dir, card, data, keras_sha256, served, saved_model, test_images, test_labels, keras_pred, representative
     )
 
 
