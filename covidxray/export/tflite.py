@@ -106,10 +106,11 @@ def fit_pixel_checks(data: PreparedData, margin: float) -> dict:
     train = (image for image, _ in iter_split(data, "train"))  # streamed: the split never sits in memory whole
     val = (image for image, _ in iter_split(data, "val"))
     layout = chest_layout.fit_with_threshold(train, val, margin)
-    step = -(-data.manifest.splits["train"].records // orientation.MAX_FILMS)
-    films = (image for i, (image, _) in enumerate(iter_split(data, "train")) if i % step == 0)
     val = (image for image, _ in iter_split(data, "val"))
-    return {"layout": layout, "orientation": orientation.fit_entry(films, val)}
+    return {
+        "layout": layout,
+        "orientation": orientation.fit_entry(_spread_over_train(data, orientation.MAX_FILMS), val),
+    }
 
 
 def write_saved_model(model: tf.keras.Model, run_dir: Path) -> Path:
@@ -201,14 +202,19 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     return report.to_json()
 
 
+def _spread_over_train(data: PreparedData, count: int) -> Iterator[np.ndarray]:
+    """At most `count` train films, every n-th over the whole split (streamed): its shards are in class order, so
+    the first films would all be one class."""
+    step = max(1, -(-data.manifest.splits["train"].records // count))
+    return (image for i, (image, _) in enumerate(iter_split(data, "train")) if i % step == 0)
+
+
 def spread_train_films(data: PreparedData, count: int) -> np.ndarray:
-    """About `count` train films (uint8) spread evenly over the split: its shards are in class order, so the
-    first films would all be one class."""
-    step = max(1, data.manifest.splits["train"].records // count)
-    films = [image for i, (image, _) in enumerate(iter_split(data, "train")) if i % step == 0]
+    """At most `count` train films (uint8) spread evenly over the split (int8 calibration, its fine-tune)."""
+    films = list(_spread_over_train(data, count))
     if not films:
         raise UserError(f"{data.path}: the train split is empty; export needs it (train: int8 calibration)")
-    return np.stack(films[:count]).astype(np.uint8)  # gray pixels 0..255: exact, a quarter of float32's memory
+    return np.stack(films).astype(np.uint8)  # gray pixels 0..255: exact, a quarter of float32's memory
 
 
 def _converted(
