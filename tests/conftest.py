@@ -109,6 +109,26 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+def kaggle_films(shared: Path, folder: str, count: int, size: int):
+    """Every n-th film of a Kaggle folder (both classes), as the model reads them (float32)."""
+    import numpy as np
+
+    from covidxray.edge.preprocess import as_model_input, load_gray
+
+    paths = sorted((shared / "chest-xray-pneumonia-224" / "chest_xray" / folder).rglob("*.jpeg"))
+    step = len(paths) // count
+    return np.stack([as_model_input(load_gray(path), size) for path in paths[::step][:count]]).astype(np.float32)
+
+
+def int8_argmax(flatbuffer: bytes, images):
+    """The class an int8 build (uint8 pixels in) calls for each image, by TensorFlow's own interpreter."""
+    import numpy as np
+    import tensorflow as tf
+
+    runner = tf.lite.Interpreter(model_content=flatbuffer).get_signature_runner()
+    return np.array([runner(image=image[None].astype(np.uint8))["probabilities"][0].argmax() for image in images])
+
+
 def have_horovod() -> bool:
     return shutil.which("horovodrun", path=str(VENV_BIN)) is not None
 
