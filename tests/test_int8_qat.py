@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import copy_trained_model, int8_argmax, kaggle_films, run_cli
+from conftest import copy_trained_model, int8_argmax, near_tie_model, run_cli
 
 SIZE, CLASSES = 64, 3
 
@@ -19,18 +19,11 @@ SIZE, CLASSES = 64, 3
 def test_qat_int8_agrees_with_keras_at_least_as_well_as_ptq(shared_data, tmp_path):
     import tensorflow as tf
 
-    from covidxray.export.class_maps import served_model
     from covidxray.export.formats import FORMATS
-    from covidxray.export.input_scaling import fold_input_scaling
     from covidxray.export.qat import quantization_aware
     from covidxray.export.tflite import _named_like, convert, write_saved_model
-    from covidxray.train.models import build_model
 
-    tf.keras.utils.set_random_seed(0)
-    # ImageNet features under an untrained head: many near-ties between classes, where int8 rounding flips calls.
-    served = served_model(fold_input_scaling(build_model("efficientnet_lite0", SIZE, CLASSES, "imagenet")))
-    train, test = kaggle_films(shared_data, "train", 96, SIZE), kaggle_films(shared_data, "test", 128, SIZE)
-    keras = served.predict(test, verbose=0)[0].argmax(1)
+    served, train, test, keras = near_tie_model(shared_data, SIZE, CLASSES)
     ptq = convert(write_saved_model(served, tmp_path / "ptq"), "int8", train)
 
     films = train.astype(np.uint8)
