@@ -208,8 +208,9 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         raise UserError(
             f"{fmt} model agrees with Keras on only {report.formats[fmt].agreement:.2%} of the test split "
             f"(bar: export.int8_min_agreement={config.export.int8_min_agreement:.2%}); do not deploy "
-            f"{run_dir / tflite_name(fmt)}. Try more calibration images (export.representative_samples), "
-            f"quantization-aware fine-tuning (export.int8_method=qat), or deploy float16; see {run_dir / EXPORT_REPORT}"
+            f"{run_dir / tflite_name(fmt)}. Try the worst-rounded layers in float (export.int8_method=mixed, for "
+            "LiteRT; no C array), more calibration images (export.representative_samples), quantization-aware "
+            f"fine-tuning (export.int8_method=qat), or deploy float16; see {run_dir / EXPORT_REPORT}"
         )
     return report.to_json()
 
