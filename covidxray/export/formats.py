@@ -108,9 +108,9 @@ def _int8_quantize(converter, settings, say):
 
 @register_format(
     "int8",
-    "integer only, calibrated on train images (export.int8_method qat: after quantization-aware fine-tuning; "
-    "mixed: the few layers int8 rounds worst kept float): uint8 gray pixels in, uint8 probabilities out "
-    "(also the C array for TensorFlow Lite Micro, integer-only builds)",
+    "calibrated on train images, integer only (export.int8_method qat: after quantization-aware fine-tuning; "
+    "mixed: the few layers int8 rounds worst kept float, not integer-only): uint8 gray pixels in, uint8 "
+    "probabilities out (also the C array for TensorFlow Lite Micro when integer-only)",
     needs_representative=True,
     extras=_int8_extras,
     fine_tune=_int8_fine_tune,
