@@ -354,6 +354,11 @@ def export_cmd(
     def go():
         from covidxray.export.tflite import export
 
+        if c_array and cfg.export.int8_method == "mixed":
+            raise UserError(
+                "--c-array needs an integer-only int8 build for TensorFlow Lite Micro, and export.int8_method=mixed "
+                "keeps some layers in float: export with export.int8_method=ptq (or qat) for a board"
+            )
         export(cfg, say=console.print)
 
     run(

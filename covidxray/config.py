@@ -133,12 +133,16 @@ class ExportConfig:
     formats: list[str] = field(default_factory=lambda: ["float32"])
     int8_min_agreement: float = setting(0.98, low=0.0, high=1.0)
     representative_samples: int = setting(200, low=1)
-    # int8 from the float model as it is (ptq: post-training, calibrated on representative_samples train films), or
+    # int8 from the float model as it is (ptq: post-training, calibrated on representative_samples train films),
     # after a short quantization-aware fine-tune toward the float model's own probabilities (qat:
-    # covidxray/export/qat.py; int8_qat_steps batches of 16 train films at int8_qat_learning_rate).
-    int8_method: str = setting("ptq", choices=("ptq", "qat"))
+    # covidxray/export/qat.py; int8_qat_steps batches of 16 train films at int8_qat_learning_rate), or as ptq with
+    # the int8_float_layers layers whose int8 output errs most on the calibration films kept in float (mixed:
+    # covidxray/export/mixed_int8.py; not integer-only, so no C array for TensorFlow Lite Micro).
+    int8_method: str = setting("ptq", choices=("ptq", "qat", "mixed"))
     int8_qat_steps: int = setting(200, low=1, high=100_000)
     int8_qat_learning_rate: float = setting(3e-6, above=0.0, high=0.01)
+    # 2: on the Pi-cluster model two layers err about 3 quantization steps (rms), every other one 0.55 or less.
+    int8_float_layers: int = setting(2, low=1, high=1000)
     # Out-of-distribution threshold = the largest val-split distance x this (covidxray/edge/ood.py).
     ood_margin: float = setting(2.0, above=0.0, high=100.0)
     # Chest-layout threshold = the largest val-split layout score x this (covidxray/edge/chest_layout.py).

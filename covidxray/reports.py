@@ -173,17 +173,20 @@ class FormatEntry:
     test_over_layout_threshold: float
     test_not_upright: float
     bytes: int
-    # What a format's registered extras add (covidxray/export/formats.py Exporter.extras): int8's agreement bar,
-    # C array and method (ptq or qat), and a fine-tuned format's fine-tune seconds. A format whose extras add
+    # What a format's registered extras and conversion add (covidxray/export/formats.py Exporter.extras,
+    # .quantize): int8's agreement bar, C array (or why there is none) and method (ptq, qat or mixed), a
+    # fine-tuned format's fine-tune seconds, the layers a mixed build keeps in float. A format whose extras add
     # another entry declares it here.
     meets_bar: bool | None = None
     c_array: list[str] | None = None
+    c_array_note: str | None = None
     method: str | None = None
     fine_tune_s: float | None = None
+    float_layers: list[str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The entry as written: an extra only for the formats that have it."""
-        extras = ("meets_bar", "c_array", "method", "fine_tune_s")
+        extras = ("meets_bar", "c_array", "c_array_note", "method", "fine_tune_s", "float_layers")
         return {k: v for k, v in dataclasses.asdict(self).items() if not (k in extras and v is None)}
 
 

@@ -109,6 +109,42 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+def kaggle_films(shared: Path, folder: str, count: int, size: int):
+    """Every n-th film of a Kaggle folder (both classes), as the model reads them (float32)."""
+    import numpy as np
+
+    from covidxray.edge.preprocess import as_model_input, load_gray
+
+    paths = sorted((shared / "chest-xray-pneumonia-224" / "chest_xray" / folder).rglob("*.jpeg"))
+    step = len(paths) // count
+    return np.stack([as_model_input(load_gray(path), size) for path in paths[::step][:count]]).astype(np.float32)
+
+
+def near_tie_model(shared: Path, size: int, classes: int):
+    """(served efficientnet_lite0 as export serves it, 96 train films, 128 test films, Keras' calls on the test
+    films): ImageNet features under an untrained head give many near-ties between classes, where int8 rounding
+    flips calls."""
+    import tensorflow as tf
+
+    from covidxray.export.class_maps import served_model
+    from covidxray.export.input_scaling import fold_input_scaling
+    from covidxray.train.models import build_model
+
+    tf.keras.utils.set_random_seed(0)
+    served = served_model(fold_input_scaling(build_model("efficientnet_lite0", size, classes, "imagenet")))
+    train, test = kaggle_films(shared, "train", 96, size), kaggle_films(shared, "test", 128, size)
+    return served, train, test, served.predict(test, verbose=0)[0].argmax(1)
+
+
+def int8_argmax(flatbuffer: bytes, images):
+    """The class an int8 build (uint8 pixels in) calls for each image, by TensorFlow's own interpreter."""
+    import numpy as np
+    import tensorflow as tf
+
+    runner = tf.lite.Interpreter(model_content=flatbuffer).get_signature_runner()
+    return np.array([runner(image=image[None].astype(np.uint8))["probabilities"][0].argmax() for image in images])
+
+
 def have_horovod() -> bool:
     return shutil.which("horovodrun", path=str(VENV_BIN)) is not None
 

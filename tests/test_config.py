@@ -28,6 +28,10 @@ def test_a_misspelt_int8_key_is_rejected_with_its_place():
     with pytest.raises(ConfigError, match=r"export: unknown key\(s\) int8_qat_step\b"):
         load_config(None, [parse_override("export.int8_qat_step=50")])
     assert load_config(None, [parse_override("export.int8_method=qat")]).export.int8_method == "qat"
+    mixed = load_config(
+        None, [parse_override("export.int8_method=mixed"), parse_override("export.int8_float_layers=3")]
+    )
+    assert (mixed.export.int8_method, mixed.export.int8_float_layers) == ("mixed", 3)
 
 
 def test_wrong_type_is_rejected():
@@ -77,7 +81,9 @@ def test_cli_reports_missing_data_without_traceback(tmp_path):
         ("train.cycle_time_ms=0", "train.cycle_time_ms: 0.0 must be greater than 0"),
         ("export.layout_margin=0", "export.layout_margin: 0.0 must be greater than 0"),
         ("export.layout_margin=500", "export.layout_margin: 500.0 is above the maximum 100"),
-        ("export.int8_method=dynamic", "export.int8_method: 'dynamic' is not one of ptq, qat"),
+        ("export.int8_method=dynamic", "export.int8_method: 'dynamic' is not one of ptq, qat, mixed"),
+        ("export.int8_float_layers=0", "export.int8_float_layers: 0 is below the minimum 1"),
+        ("export.int8_float_layers=1.5", "export.int8_float_layers: expected an integer, got 1.5"),
         ("export.int8_qat_steps=0", "export.int8_qat_steps: 0 is below the minimum 1"),
         ("export.int8_qat_learning_rate=0", "export.int8_qat_learning_rate: 0.0 must be greater than 0"),
         ("export.int8_qat_learning_rate=0.5", "export.int8_qat_learning_rate: 0.5 is above the maximum 0.01"),

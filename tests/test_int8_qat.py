@@ -10,43 +10,20 @@ import json
 
 import numpy as np
 import pytest
-from conftest import copy_trained_model, run_cli
+from conftest import copy_trained_model, int8_argmax, near_tie_model, run_cli
 
 SIZE, CLASSES = 64, 3
-
-
-def _films(shared, folder: str, count: int) -> np.ndarray:
-    """Every n-th film of a Kaggle folder (both classes), as the model reads them."""
-    from covidxray.edge.preprocess import as_model_input, load_gray
-
-    paths = sorted((shared / "chest-xray-pneumonia-224" / "chest_xray" / folder).rglob("*.jpeg"))
-    step = len(paths) // count
-    return np.stack([as_model_input(load_gray(path), SIZE) for path in paths[::step][:count]]).astype(np.float32)
-
-
-def _int8_argmax(flatbuffer: bytes, images: np.ndarray) -> np.ndarray:
-    import tensorflow as tf
-
-    runner = tf.lite.Interpreter(model_content=flatbuffer).get_signature_runner()
-    return np.array([runner(image=image[None].astype(np.uint8))["probabilities"][0].argmax() for image in images])
 
 
 @pytest.mark.slow
 def test_qat_int8_agrees_with_keras_at_least_as_well_as_ptq(shared_data, tmp_path):
     import tensorflow as tf
 
-    from covidxray.export.class_maps import served_model
     from covidxray.export.formats import FORMATS
-    from covidxray.export.input_scaling import fold_input_scaling
     from covidxray.export.qat import quantization_aware
     from covidxray.export.tflite import _named_like, convert, write_saved_model
-    from covidxray.train.models import build_model
 
-    tf.keras.utils.set_random_seed(0)
-    # ImageNet features under an untrained head: many near-ties between classes, where int8 rounding flips calls.
-    served = served_model(fold_input_scaling(build_model("efficientnet_lite0", SIZE, CLASSES, "imagenet")))
-    train, test = _films(shared_data, "train", 96), _films(shared_data, "test", 128)
-    keras = served.predict(test, verbose=0)[0].argmax(1)
+    served, train, test, keras = near_tie_model(shared_data, SIZE, CLASSES)
     ptq = convert(write_saved_model(served, tmp_path / "ptq"), "int8", train)
 
     films = train.astype(np.uint8)
@@ -54,8 +31,8 @@ def test_qat_int8_agrees_with_keras_at_least_as_well_as_ptq(shared_data, tmp_pat
     tf.saved_model.save(student, str(tmp_path / "qat"), signatures=_named_like(served, student))
     qat = convert(tmp_path / "qat", "int8", train)
 
-    ptq_agreement = (_int8_argmax(ptq, test) == keras).mean()
-    qat_agreement = (_int8_argmax(qat, test) == keras).mean()
+    ptq_agreement = (int8_argmax(ptq, test) == keras).mean()
+    qat_agreement = (int8_argmax(qat, test) == keras).mean()
     print(f"int8 agreement with Keras on {len(test)} real films: ptq {ptq_agreement:.2%}, qat {qat_agreement:.2%}")
     assert qat_agreement >= ptq_agreement
     outputs = tf.lite.Interpreter(model_content=qat).get_signature_runner().get_output_details()

@@ -67,3 +67,9 @@ def write_c_array(tflite_path: Path, labels: list[str], image_size: int) -> tupl
     )
     atomic_write(source, source_text(data, header.name, labels))
     return source, header
+
+
+def remove_c_array(tflite_path: Path) -> None:
+    """An earlier export's model-int8.cc / .h beside `tflite_path` removed: they hold another model's bytes."""
+    for path in (tflite_path.with_suffix(".cc"), tflite_path.with_suffix(".h")):
+        path.unlink(missing_ok=True)

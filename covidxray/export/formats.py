@@ -32,14 +32,20 @@ class Exporter:
     # The model to convert instead of the exported one, or None for that one:
     # (the served float Keras model, n -> about n uint8 train films spread over the split, export settings, say) -> model.
     fine_tune: Callable[[Any, Callable[[int], np.ndarray], Any, Callable[[str], None]], Any] | None = None
+    # How the configured converter makes the flatbuffer instead of its own convert():
+    # (the configured tf.lite.TFLiteConverter, export settings, say) -> (flatbuffer, report entries to add), or None
+    # for convert() after all (the settings ask for the plain build).
+    quantize: Callable[[Any, Any, Callable[[str], None]], tuple[bytes, dict]] | None = None
 
 
 FORMATS: Registry[Exporter] = Registry("export format")
 
 
-def register_format(name: str, description: str, needs_representative: bool = False, extras=None, fine_tune=None):
+def register_format(
+    name: str, description: str, needs_representative: bool = False, extras=None, fine_tune=None, quantize=None
+):
     return lambda configure: FORMATS.add(
-        name, Exporter(configure, needs_representative, extras, fine_tune), description
+        name, Exporter(configure, needs_representative, extras, fine_tune, quantize), description
     )
 
 
@@ -56,15 +62,23 @@ def _float16(converter, representative) -> None:
     converter.target_spec.supported_types = [tf.float16]
 
 
-def _int8_extras(tflite: Path, entry: dict, labels: list[str], image_size: int, settings) -> dict:
-    """The agreement bar (export.int8_min_agreement) and the C array for TensorFlow Lite Micro."""
-    from covidxray.export.c_array import write_c_array
+# Why a mixed build has no C array: TFLM boards run integer kernels (CMSIS-NN and the like) and often have no FPU.
+NO_C_ARRAY_MIXED = (
+    "not written: the mixed build runs some layers in float, and TensorFlow Lite Micro builds are integer-only "
+    "(export with export.int8_method=ptq for a board)"
+)
 
-    return {
-        "method": settings.int8_method,
-        "meets_bar": entry["agreement"] >= settings.int8_min_agreement,
-        "c_array": [path.name for path in write_c_array(tflite, labels, image_size)],
-    }
+
+def _int8_extras(tflite: Path, entry: dict, labels: list[str], image_size: int, settings) -> dict:
+    """The agreement bar (export.int8_min_agreement) and the C array for TensorFlow Lite Micro (an integer-only
+    build only: a mixed one removes an earlier export's array, which would be another model)."""
+    from covidxray.export.c_array import remove_c_array, write_c_array
+
+    extras = {"method": settings.int8_method, "meets_bar": entry["agreement"] >= settings.int8_min_agreement}
+    if settings.int8_method == "mixed":
+        remove_c_array(tflite)
+        return {**extras, "c_array": [], "c_array_note": NO_C_ARRAY_MIXED}
+    return {**extras, "c_array": [path.name for path in write_c_array(tflite, labels, image_size)]}
 
 
 def _int8_fine_tune(served, train_films, settings, say):
@@ -83,13 +97,24 @@ def _int8_fine_tune(served, train_films, settings, say):
     )
 
 
+def _int8_quantize(converter, settings, say):
+    """export.int8_method mixed: the worst-rounded layers kept float (covidxray/export/mixed_int8.py); else None."""
+    if settings.int8_method != "mixed":
+        return None
+    from covidxray.export.mixed_int8 import mixed_int8
+
+    return mixed_int8(converter, settings.int8_float_layers, say)
+
+
 @register_format(
     "int8",
-    "integer only, calibrated on train images (export.int8_method qat: after quantization-aware fine-tuning): "
-    "uint8 gray pixels in, uint8 probabilities out (also the C array for TensorFlow Lite Micro)",
+    "calibrated on train images, integer only (export.int8_method qat: after quantization-aware fine-tuning; "
+    "mixed: the few layers int8 rounds worst kept float, not integer-only): uint8 gray pixels in, uint8 "
+    "probabilities out (also the C array for TensorFlow Lite Micro when integer-only)",
     needs_representative=True,
     extras=_int8_extras,
     fine_tune=_int8_fine_tune,
+    quantize=_int8_quantize,
 )
 def _int8(converter, representative) -> None:
     import tensorflow as tf

@@ -123,9 +123,23 @@ def write_saved_model(model: tf.keras.Model, run_dir: Path) -> Path:
 
 
 def convert(saved_model: Path, fmt: str, representative: np.ndarray | None = None) -> bytes:
+    """The format's flatbuffer with the default export settings."""
+    return convert_as_set(saved_model, fmt, representative, ExportConfig(), print)[0]
+
+
+def convert_as_set(
+    saved_model: Path,
+    fmt: str,
+    representative: np.ndarray | None,
+    settings: ExportConfig,
+    say: Callable[[str], None],
+) -> tuple[bytes, dict]:
+    """The format's flatbuffer as `settings` ask for it, and what its report entry says of how it was made."""
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
-    FORMATS.get(fmt).configure(converter, representative)
-    return converter.convert()
+    exporter = FORMATS.get(fmt)
+    exporter.configure(converter, representative)
+    made = exporter.quantize(converter, settings, say) if exporter.quantize else None
+    return made if made is not None else (converter.convert(), {})
 
 
 def write_model_pair(out: Path, flatbuffer: bytes, sidecar: dict) -> None:
@@ -184,10 +198,8 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
     }
     pixel_checks: dict = {}  # pixels only: fitted with the first format, shared by the others
     for fmt in formats:
-        flatbuffer, fine_tune_s = _converted(source, fmt, config.export, say)
-        content[fmt] = export_format(source, fmt, flatbuffer, config.export, pixel_checks, say)
-        if fine_tune_s is not None:
-            content[fmt]["fine_tune_s"] = fine_tune_s
+        flatbuffer, made = _converted(source, fmt, config.export, say)
+        content[fmt] = {**export_format(source, fmt, flatbuffer, config.export, pixel_checks, say), **made}
     report = export_report(content)
     write_export_report(run_dir, report)
     below_bar = [fmt for fmt, entry in report.formats.items() if entry.meets_bar is False]  # written and reported first
@@ -196,8 +208,9 @@ def export(config: Config, say: Callable[[str], None] = print) -> dict:
         raise UserError(
             f"{fmt} model agrees with Keras on only {report.formats[fmt].agreement:.2%} of the test split "
             f"(bar: export.int8_min_agreement={config.export.int8_min_agreement:.2%}); do not deploy "
-            f"{run_dir / tflite_name(fmt)}. Try more calibration images (export.representative_samples), "
-            f"quantization-aware fine-tuning (export.int8_method=qat), or deploy float16; see {run_dir / EXPORT_REPORT}"
+            f"{run_dir / tflite_name(fmt)}. Try the worst-rounded layers in float (export.int8_method=mixed, for "
+            "LiteRT; no C array), more calibration images (export.representative_samples), quantization-aware "
+            f"fine-tuning (export.int8_method=qat), or deploy float16; see {run_dir / EXPORT_REPORT}"
         )
     return report.to_json()
 
@@ -219,8 +232,9 @@ def spread_train_films(data: PreparedData, count: int) -> np.ndarray:
 
 def _converted(
     source: ExportSource, fmt: str, settings: ExportConfig, say: Callable[[str], None]
-) -> tuple[bytes, float | None]:
-    """The format's flatbuffer and the seconds its fine-tune took (None: it converts the exported SavedModel).
+) -> tuple[bytes, dict]:
+    """The format's flatbuffer and what its report entry says of how it was made (a fine-tune's seconds,
+    the layers a mixed int8 build keeps in float).
 
     A fine-tuned model (int8 with export.int8_method qat) is converted from a SavedModel of its own, in a
     temporary folder, with the exported one's signature names, so the edge runtime reads it unchanged; the
@@ -232,14 +246,23 @@ def _converted(
         if fine_tune
         else None
     )
+    notes: list[str] = []  # what the conversion says, shown once the terminal is the user's again
     if tuned is None:
         with native_stderr_to(source.run_dir / CONVERTER_LOG):
-            return convert(source.saved_model, fmt, source.representative), None
-    fine_tune_s = time.monotonic() - started
-    with tempfile.TemporaryDirectory(dir=source.run_dir) as workdir, native_stderr_to(source.run_dir / CONVERTER_LOG):
-        saved_model = Path(workdir) / SAVED_MODEL_DIR
-        tf.saved_model.save(tuned, str(saved_model), signatures=_named_like(source.served, tuned))
-        return convert(saved_model, fmt, source.representative), fine_tune_s
+            flatbuffer, made = convert_as_set(source.saved_model, fmt, source.representative, settings, notes.append)
+    else:
+        made = {"fine_tune_s": time.monotonic() - started}
+        with (
+            tempfile.TemporaryDirectory(dir=source.run_dir) as workdir,
+            native_stderr_to(source.run_dir / CONVERTER_LOG),
+        ):
+            saved_model = Path(workdir) / SAVED_MODEL_DIR
+            tf.saved_model.save(tuned, str(saved_model), signatures=_named_like(source.served, tuned))
+            flatbuffer, quantized = convert_as_set(saved_model, fmt, source.representative, settings, notes.append)
+        made.update(quantized)
+    for note in notes:
+        say(note)
+    return flatbuffer, made
 
 
 def _named_like(served: tf.keras.Model, tuned: tf.keras.Model) -> tf.types.experimental.ConcreteFunction:
