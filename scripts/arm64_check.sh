@@ -33,7 +33,7 @@ for dicom in "${EXTRA_DICOMS[@]}"; do EXTRA_IN_ROOT+=" /opt/arm64-check/$(basena
 ROOT=$CACHE/rootfs
 IN_ROOT=/opt/covidxray                       # where the project sits inside the root fs
 WORK=/opt/arm64-check                        # demo data, runs and the edge venv inside the root fs
-STEPS=${ARM64_STEPS:-"install doctor demo horovod export predict-png predict-dicom edge-install edge-predict trixie-edge"}
+STEPS=${ARM64_STEPS:-"install doctor demo horovod export predict-png predict-dicom train-step edge-install edge-predict trixie-edge"}
 INSTALL_TIMEOUT=${ARM64_INSTALL_TIMEOUT:-5h} # Horovod alone compiles for about an hour under emulation
 STEP_TIMEOUT=${ARM64_STEP_TIMEOUT:-90m}
 # nice: the build must not starve the machine's other users.
@@ -69,6 +69,7 @@ in_root() {  # in_root TIMEOUT COMMAND: run a shell command inside the arm64 roo
 # --- the steps ---------------------------------------------------------------------------------------------
 CLI=$IN_ROOT/.venv/bin/covidxray
 EDGE=$WORK/edge-venv
+STEP_VENV=$WORK/step-venv
 step_command() {
     case $1 in
     install) echo "bash scripts/install.sh" ;;
@@ -96,6 +97,11 @@ for i in json.load(open(sys.argv[1]))[\"install\"]]' $WORK/edge-install.json \
     edge-predict) echo "$EDGE/bin/covidxray predict -m $WORK/hvd/model-int8.tflite $WORK/phantom.png $WORK/phantom-j2k.dcm \
         && { $EDGE/bin/covidxray train --data-dir $WORK/demo/data --run-dir $WORK/edge-run --epochs 1; test \$? = 2; } \
         && echo 'train on the edge install: a clear error, exit 2'" ;;
+    # One rank's training step timed on arm64 kernels, without Horovod (scripts/bench_step.py: its table and JSON).
+    # Its own venv of the train extra, so install.sh's is not disturbed; (re)installed when pyproject.toml changed.
+    train-step) echo "{ cmp -s pyproject.toml $STEP_VENV/pyproject.toml || { rm -rf $STEP_VENV && python3 -m venv $STEP_VENV \
+        && $STEP_VENV/bin/python -m pip install -q -e '.[train]' && cp pyproject.toml $STEP_VENV/; }; } \
+        && $STEP_VENV/bin/python scripts/bench_step.py --workdir $WORK/step-work --out $WORK/bench-step.json" ;;
     # Runs on the host: scripts/edge_check.sh makes and enters its own (trixie) root file system.
     trixie-edge) echo "scripts/edge_check.sh --arch arm64 $CACHE/trixie $CACHE/trixie-out ${TRIXIE_MODEL#"$ROOT"} -- ${TRIXIE_FILES[*]#"$ROOT"}" ;;
     *) echo "error: unknown step $1" >&2; exit 2 ;;
