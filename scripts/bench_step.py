@@ -86,6 +86,10 @@ def main() -> None:
     )
     args = bench.parse({"image_size": 64, "steps": 1, "warmup": 1})
 
+    emulated = json.loads(args.emulated.read_text()) if args.emulated else None
+    setup = {key: getattr(args, key) for key in ("image_size", "batch_size", "steps", "warmup")}
+    if emulated and any(emulated["results"][key] != value for key, value in setup.items()):
+        sys.exit(f"error: {args.emulated} measured another setup than {setup}: run both with the same flags")
     measured, candidates = {}, cases()
     for name, (model, frozen, _) in candidates.items():
         print(
@@ -95,11 +99,7 @@ def main() -> None:
         print(f"  median {measured[name]['step_s'] * 1e3:.0f} ms, peak RSS {measured[name]['peak_rss_mib']:.0f} MiB")
     here = _bench.environment()
     runs = {machine_label(here): measured}
-    emulated = json.loads(args.emulated.read_text()) if args.emulated else None
     if emulated:
-        setup = ("image_size", "batch_size", "steps", "warmup")
-        if any(emulated["results"][key] != getattr(args, key) for key in setup):
-            sys.exit(f"error: {args.emulated} measured another setup: { ({k: emulated['results'][k] for k in setup}) }")
         runs[f"emulated {machine_label(emulated['environment'])}"] = emulated["results"]["cases"]
 
     pi_rank = next(iter(measured))
