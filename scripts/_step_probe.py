@@ -41,7 +41,8 @@ def main() -> None:
     hold_fixed(model, cfg)
     step = _bench.training_step(model, args.classes, cfg.batch_size, args.steps, args.warmup)
     trainable = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
-    print(json.dumps({**step, "peak_rss_mib": peak_rss_mb(), "trainable_parameters": trainable}))
+    setup = {"model": cfg.model, "frozen_stages": cfg.frozen_stages, "trainable_parameters": trainable}
+    print(json.dumps({**step, "peak_rss_mib": peak_rss_mb(), **setup}))
 
 
 if __name__ == "__main__":

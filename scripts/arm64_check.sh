@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the Raspberry Pi path for real on an emulated arm64 Debian 12 (the base of Raspberry Pi OS bookworm):
 # scripts/install.sh exactly as a Pi owner runs it (Horovod build included), then doctor, the phantom demo,
-# a 2-rank Gloo epoch, an int8 export, predict on a PNG and a DICOM, and the edge-only install
+# a 2-rank Gloo epoch, an int8 export, predict on a PNG and a DICOM, one rank's training step timed per model
+# (scripts/bench_step.py in a venv of its own, no Horovod), and the edge-only install
 # (`pip install .[edge]`: no TensorFlow) with its size and time. Then the same edge install on an emulated
 # arm64 Debian 13 (trixie, the base of today's Raspberry Pi OS: Python 3.13, numpy 2), classifying the same files
 # with the same model (scripts/edge_check.sh --arch arm64). Prints a table: step, wall time, result.
@@ -18,7 +19,7 @@
 # first run takes about 2 hours on 2 x86 cores (see docs/cluster.md, "Checking the Pi path on arm64").
 set -euo pipefail
 
-usage() { sed -n '8,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '9,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 PROJECT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/debian_root.sh
@@ -101,7 +102,9 @@ for i in json.load(open(sys.argv[1]))[\"install\"]]' $WORK/edge-install.json \
     # Its own venv of the train extra, so install.sh's is not disturbed; (re)installed when pyproject.toml changed.
     train-step) echo "{ cmp -s pyproject.toml $STEP_VENV/pyproject.toml || { rm -rf $STEP_VENV && python3 -m venv $STEP_VENV \
         && $STEP_VENV/bin/python -m pip install -q -e '.[train]' && cp pyproject.toml $STEP_VENV/; }; } \
-        && $STEP_VENV/bin/python scripts/bench_step.py --workdir $WORK/step-work --out $WORK/bench-step.json" ;;
+        && $STEP_VENV/bin/python scripts/bench_step.py --workdir $WORK/step-work --out $WORK/bench-step.json \
+        && $STEP_VENV/bin/python -c 'import json, sys; r = json.load(open(sys.argv[1]))[\"results\"][\"cases\"].values(); \
+print(\"; \".join(\"%s/%d: %.1f s, %.0f MiB\" % (c[\"model\"], c[\"frozen_stages\"], c[\"step_s\"], c[\"peak_rss_mib\"]) for c in r))' $WORK/bench-step.json" ;;
     # Runs on the host: scripts/edge_check.sh makes and enters its own (trixie) root file system.
     trixie-edge) echo "scripts/edge_check.sh --arch arm64 $CACHE/trixie $CACHE/trixie-out ${TRIXIE_MODEL#"$ROOT"} -- ${TRIXIE_FILES[*]#"$ROOT"}" ;;
     *) echo "error: unknown step $1" >&2; exit 2 ;;
