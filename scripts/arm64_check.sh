@@ -19,7 +19,7 @@
 # first run takes about 2 hours on 2 x86 cores (see docs/cluster.md, "Checking the Pi path on arm64").
 set -euo pipefail
 
-usage() { sed -n '9,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '9,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 PROJECT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/debian_root.sh
