@@ -162,7 +162,7 @@ def test_bench_step_quick_with_an_emulated_report(tmp_path):
         name: {"step_s": 10.0 + n, "peak_rss_mib": [1400.0, 2048.0, 3000.0][n], "trainable_parameters": 10**6}
         for n, name in enumerate(cases)
     }
-    setup = {"image_size": 64, "batch_size": 16, "steps": 1, "warmup": 1}  # --quick's
+    setup = {"image_size": 64, "batch_size": 16, "steps": 3, "warmup": 1}  # --quick's size; fewer steps are slower
     emulated = tmp_path / "emulated.json"
     environment = {"machine": "aarch64", "cpu_count": 4}
     emulated.write_text(
