@@ -84,6 +84,9 @@ def main() -> None:
     bench.parser.add_argument(
         "--emulated", type=Path, help="the report of this benchmark run inside the emulated arm64 root file system"
     )
+    bench.parser.add_argument(
+        "--candidates-only", action="store_true", help="skip the all-layers case (context, the slowest under emulation)"
+    )
     args = bench.parse({"image_size": 64, "steps": 1, "warmup": 1})
 
     emulated = json.loads(args.emulated.read_text()) if args.emulated else None
@@ -91,7 +94,9 @@ def main() -> None:
     if emulated and any(emulated["results"][key] != value for key, value in setup.items()):
         sys.exit(f"error: {args.emulated} measured another setup than {setup}: run both with the same flags")
     measured, candidates = {}, cases()
-    for name, (model, frozen, _) in candidates.items():
+    for name, (model, frozen, candidate) in candidates.items():
+        if args.candidates_only and not candidate:
+            continue
         print(
             f"{name}: {args.warmup} + {args.steps} steps of batch {args.batch_size} at {args.image_size} px", flush=True
         )
