@@ -100,8 +100,8 @@ for i in json.load(open(sys.argv[1]))[\"install\"]]' $WORK/edge-install.json \
         && echo 'train on the edge install: a clear error, exit 2'" ;;
     # One rank's training step timed on arm64 kernels, without Horovod (scripts/bench_step.py: its table and JSON).
     # Its own venv of the train extra, so install.sh's is not disturbed; (re)installed when pyproject.toml changed.
-    # 3 timed steps and only the candidate models: each emulated case took the better part of an hour here (TCG runs
-    # arm64 floating point through software helpers), and translated code does not vary much between steps.
+    # 3 timed steps and only the candidate models: one emulated case of efficientnet_lite0 took over half an hour
+    # of wall time here (2 loaded cores), and translated code does not vary much between steps.
     train-step) echo "{ cmp -s pyproject.toml $STEP_VENV/pyproject.toml || { rm -rf $STEP_VENV && python3 -m venv $STEP_VENV \
         && $STEP_VENV/bin/python -m pip install -q -e '.[train]' && cp pyproject.toml $STEP_VENV/; }; } \
         && $STEP_VENV/bin/python scripts/bench_step.py --candidates-only --steps 3 --warmup 1 --workdir $WORK/step-work --out $WORK/bench-step.json \
