@@ -35,6 +35,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 PACKAGES = (
     "tensorflow-cpu",
     "tensorflow",
+    "tensorflow-cpu-aws",
     "horovod",
     "ai-edge-litert",
     "opencv-python-headless",
@@ -144,9 +145,12 @@ def environment() -> dict:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             pass
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+    except FileNotFoundError:  # no git: a copy of the checkout, e.g. in scripts/arm64_check.sh's root file system
+        commit = ""
     return {
         "python": platform.python_version(),
         "machine": platform.machine(),
@@ -263,6 +267,36 @@ def summarize(samples: list[float]) -> dict:
     ordered = sorted(samples)
     p95 = statistics.quantiles(ordered, n=20, method="inclusive")[18] if len(ordered) > 1 else ordered[0]
     return {"median": statistics.median(ordered), "p95": p95, "min": ordered[0], "max": ordered[-1], "n": len(ordered)}
+
+
+def training_step(model, classes: int, batch: int, steps: int, warmup: int = 2) -> dict:
+    """Seconds of one training step of `model` (forward, backward, Adam update) on random gray images, on this machine's cores.
+
+    `warmup` untimed steps first (the first traces and compiles the step).
+    Wall time on a shared machine includes other jobs' time slices, so the
+    step is also given as this process's CPU seconds / usable cores (what the
+    step would take alone with perfect use of the cores); `step_s` is the
+    smaller of the two medians, which keeps a predicted efficiency conservative.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from covidxray.train.distributed import cores_per_rank
+
+    model.compile(optimizer=tf.keras.optimizers.Adam(1e-4), loss="categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    images = rng.uniform(0, 255, (batch, *model.input_shape[1:])).astype("float32")
+    labels = tf.keras.utils.to_categorical(rng.integers(0, classes, batch), classes)
+    wall, cpu = [], []
+    for step in range(warmup + steps):
+        started_wall, started_cpu = time.perf_counter(), time.process_time()
+        model.train_on_batch(images, labels)
+        if step >= warmup:
+            wall.append(time.perf_counter() - started_wall)
+            cpu.append(time.process_time() - started_cpu)
+    cores = cores_per_rank(1)
+    wall_s, cpu_s = statistics.median(wall), statistics.median(cpu) / cores
+    return {"wall_s": wall, "cpu_s_per_core": [c / cores for c in cpu], "cores": cores, "step_s": min(wall_s, cpu_s)}
 
 
 def _dense_compute(core: int, seconds: float, start, rates) -> None:

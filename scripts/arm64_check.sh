@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the Raspberry Pi path for real on an emulated arm64 Debian 12 (the base of Raspberry Pi OS bookworm):
 # scripts/install.sh exactly as a Pi owner runs it (Horovod build included), then doctor, the phantom demo,
-# a 2-rank Gloo epoch, an int8 export, predict on a PNG and a DICOM, and the edge-only install
+# a 2-rank Gloo epoch, an int8 export, predict on a PNG and a DICOM, one rank's training step timed per model
+# (scripts/bench_step.py in a venv of its own, no Horovod), and the edge-only install
 # (`pip install .[edge]`: no TensorFlow) with its size and time. Then the same edge install on an emulated
 # arm64 Debian 13 (trixie, the base of today's Raspberry Pi OS: Python 3.13, numpy 2), classifying the same files
 # with the same model (scripts/edge_check.sh --arch arm64). Prints a table: step, wall time, result.
@@ -18,7 +19,7 @@
 # first run takes about 2 hours on 2 x86 cores (see docs/cluster.md, "Checking the Pi path on arm64").
 set -euo pipefail
 
-usage() { sed -n '8,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '9,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 PROJECT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/debian_root.sh
@@ -33,7 +34,7 @@ for dicom in "${EXTRA_DICOMS[@]}"; do EXTRA_IN_ROOT+=" /opt/arm64-check/$(basena
 ROOT=$CACHE/rootfs
 IN_ROOT=/opt/covidxray                       # where the project sits inside the root fs
 WORK=/opt/arm64-check                        # demo data, runs and the edge venv inside the root fs
-STEPS=${ARM64_STEPS:-"install doctor demo horovod export predict-png predict-dicom edge-install edge-predict trixie-edge"}
+STEPS=${ARM64_STEPS:-"install doctor demo horovod export predict-png predict-dicom train-step edge-install edge-predict trixie-edge"}
 INSTALL_TIMEOUT=${ARM64_INSTALL_TIMEOUT:-5h} # Horovod alone compiles for about an hour under emulation
 STEP_TIMEOUT=${ARM64_STEP_TIMEOUT:-90m}
 # nice: the build must not starve the machine's other users.
@@ -69,6 +70,7 @@ in_root() {  # in_root TIMEOUT COMMAND: run a shell command inside the arm64 roo
 # --- the steps ---------------------------------------------------------------------------------------------
 CLI=$IN_ROOT/.venv/bin/covidxray
 EDGE=$WORK/edge-venv
+STEP_VENV=$WORK/step-venv
 step_command() {
     case $1 in
     install) echo "bash scripts/install.sh" ;;
@@ -96,6 +98,15 @@ for i in json.load(open(sys.argv[1]))[\"install\"]]' $WORK/edge-install.json \
     edge-predict) echo "$EDGE/bin/covidxray predict -m $WORK/hvd/model-int8.tflite $WORK/phantom.png $WORK/phantom-j2k.dcm \
         && { $EDGE/bin/covidxray train --data-dir $WORK/demo/data --run-dir $WORK/edge-run --epochs 1; test \$? = 2; } \
         && echo 'train on the edge install: a clear error, exit 2'" ;;
+    # One rank's training step timed on arm64 kernels, without Horovod (scripts/bench_step.py: its table and JSON).
+    # Its own venv of the train extra, so install.sh's is not disturbed; (re)installed when pyproject.toml changed.
+    # 3 timed steps and only the candidate models: one emulated case of efficientnet_lite0 took over half an hour
+    # of wall time here (2 loaded cores), and translated code does not vary much between steps.
+    train-step) echo "{ cmp -s pyproject.toml $STEP_VENV/pyproject.toml || { rm -rf $STEP_VENV && python3 -m venv $STEP_VENV \
+        && $STEP_VENV/bin/python -m pip install -q -e '.[train]' && cp pyproject.toml $STEP_VENV/; }; } \
+        && $STEP_VENV/bin/python scripts/bench_step.py --candidates-only --steps 3 --warmup 1 --workdir $WORK/step-work --out $WORK/bench-step.json \
+        && $STEP_VENV/bin/python -c 'import json, sys; r = json.load(open(sys.argv[1]))[\"results\"][\"cases\"].values(); \
+print(\"; \".join(\"%s/%d: %.1f s, %.0f MiB\" % (c[\"model\"], c[\"frozen_stages\"], c[\"step_s\"], c[\"peak_rss_mib\"]) for c in r))' $WORK/bench-step.json" ;;
     # Runs on the host: scripts/edge_check.sh makes and enters its own (trixie) root file system.
     trixie-edge) echo "scripts/edge_check.sh --arch arm64 $CACHE/trixie $CACHE/trixie-out ${TRIXIE_MODEL#"$ROOT"} -- ${TRIXIE_FILES[*]#"$ROOT"}" ;;
     *) echo "error: unknown step $1" >&2; exit 2 ;;

@@ -163,34 +163,10 @@ def model_gradients(image_size: int, classes: int) -> dict[str, int]:
 
 
 def compute_step(model_name: str, image_size: int, classes: int, batch: int, steps: int) -> dict:
-    """Seconds of one training step (forward, backward, Adam update) on random images, on this machine's cores.
-
-    Wall time on a shared machine includes other jobs' time slices, so the
-    step is also given as this process's CPU seconds / usable cores (what the
-    step would take alone with perfect use of the cores); the smaller of the
-    two medians is used, which keeps the predicted efficiency conservative.
-    """
-    import numpy as np
-    import tensorflow as tf
-
-    from covidxray.train.distributed import cores_per_rank
+    """One training step of `model_name` from scratch, all layers trained (_bench.training_step)."""
     from covidxray.train.models import build_model
 
-    model = build_model(model_name, image_size, classes)
-    model.compile(optimizer=tf.keras.optimizers.Adam(1e-4), loss="categorical_crossentropy")
-    rng = np.random.default_rng(0)
-    images = rng.uniform(0, 255, (batch, image_size, image_size, 1)).astype("float32")
-    labels = tf.keras.utils.to_categorical(rng.integers(0, classes, batch), classes)
-    wall, cpu = [], []
-    for step in range(2 + steps):
-        started_wall, started_cpu = time.perf_counter(), time.process_time()
-        model.train_on_batch(images, labels)
-        if step >= 2:
-            wall.append(time.perf_counter() - started_wall)
-            cpu.append(time.process_time() - started_cpu)
-    cores = cores_per_rank(1)
-    wall_s, cpu_s = statistics.median(wall), statistics.median(cpu) / cores
-    return {"wall_s": wall, "cpu_s_per_core": [c / cores for c in cpu], "cores": cores, "step_s": min(wall_s, cpu_s)}
+    return _bench.training_step(build_model(model_name, image_size, classes), classes, batch, steps)
 
 
 def _with_int_keys(line_rates: dict) -> dict:

@@ -28,6 +28,7 @@ RESULT_KEYS = {
     "horovod": {"pinned", "cases"},
     "predict": {"latency_s", "bytes", "tensor_bytes", "predict_process"},
     "serve": {"predict_cli", "predict_in_process_s_median", "serve", "serve_rss_mib_end", "serve_rss_growth_mib"},
+    "step": {"image_size", "batch_size", "steps", "warmup", "cases", "emulated"},
 }
 
 
@@ -148,3 +149,47 @@ def test_bench_dedup_quick(tmp_path, shared_data):
     assert all(0 <= r <= 1 for r in suite["recall"].values())
     assert [row["images"] for row in results["scaling"]] == [30, 60]
     assert results["false_merges"]["images"] == 40
+
+
+@pytest.mark.slow
+def test_bench_step_quick_with_an_emulated_report(tmp_path):
+    """The emulated run's figures (here made up: a 1.4 GiB and a 2 GiB rank) sit beside this machine's, compared."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench_step
+
+    cases = bench_step.cases()
+    made_up = {
+        name: {"step_s": 10.0 + n, "peak_rss_mib": [1400.0, 2048.0, 3000.0][n], "trainable_parameters": 10**6}
+        for n, name in enumerate(cases)
+    }
+    setup = {"image_size": 64, "batch_size": 16, "steps": 3, "warmup": 1}  # --quick's size; fewer steps are slower
+    emulated = tmp_path / "emulated.json"
+    environment = {"machine": "aarch64", "cpu_count": 4}
+    emulated.write_text(
+        json.dumps({"environment": environment, "command": "c", "date": "d", "results": {**setup, "cases": made_up}})
+    )
+
+    report = run_bench("step", tmp_path, "--emulated", str(emulated))
+    check_report(report, "step")
+    here = report["results"]["cases"]
+    assert set(here) == set(cases) and all(len(m["wall_s"]) == 1 for m in here.values())
+    assert report["results"]["emulated"]["cases"] == made_up
+    compared = {row[0]: row for row in report["tables"][1]["rows"]}
+    for name, case in here.items():
+        assert float(compared[name][3]) == pytest.approx(made_up[name]["step_s"] / case["step_s"], rel=0.06)
+    # the candidates' ranks against 1.5e9 bytes; the all-layers case is context, not a goal
+    verdicts = {g["goal"]: g["met"] for g in report["goals"] if "emulated" in g["goal"]}
+    pi_rank, alternative, _ = cases
+    assert verdicts == {
+        f"peak RSS of a rank, {pi_rank}, emulated aarch64 (4 cores)": True,  # 1400 MiB < 1430.5 MiB
+        f"peak RSS of a rank, {alternative}, emulated aarch64 (4 cores)": False,
+    }
+    assert report["verdict"] == "missed"
+
+    other = tmp_path / "other.json"
+    other.write_text(emulated.read_text().replace('"image_size": 64', '"image_size": 224'))
+    refused = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_step.py"), "--quick", "--emulated", str(other)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 1 and "measured another setup" in refused.stderr
