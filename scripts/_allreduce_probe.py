@@ -47,6 +47,9 @@ def main() -> None:
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--model", default="small_cnn", help="reduce this registered model's gradient shapes")
     what.add_argument("--sizes-mib", type=float, nargs="+", help="reduce one float32 tensor of each size instead")
+    parser.add_argument(
+        "--frozen-stages", type=int, default=0, help="with --model: leave out the gradients of its first N stages"
+    )
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--classes", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
@@ -77,6 +80,10 @@ def main() -> None:
         from covidxray.train.models import build_model
 
         model = build_model(args.model, args.image_size, args.classes)
+        if args.frozen_stages:
+            from covidxray.train.finetune import freeze_leading_stages
+
+            freeze_leading_stages(model, args.model, args.frozen_stages)
         gradients = [tf.random.normal(v.shape) for v in model.trainable_variables]
         report.update(
             {

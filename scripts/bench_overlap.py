@@ -24,6 +24,7 @@ Needs root.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -44,23 +45,24 @@ MEASURES = (
 
 
 PROBE = _bench.REPO / "scripts" / "_allreduce_probe.py"
-MODEL = "mobilenet_v3_small"
 
 # horovodrun starts this on each board: rank r runs on core r, as one rank per board has a board to itself.
 _PINNED = '#!/bin/sh\nexec taskset -c "$HOROVOD_RANK" "$@"\n'
 
 
-def train_args(data_dir: Path, run_dir: Path, epochs: int, batch: int, overrides: list[str]) -> list[str]:
+def train_args(data_dir: Path, run_dir: Path, args: argparse.Namespace) -> list[str]:
     return _bench.train_args(
         data_dir,
         run_dir,
-        MODEL,
-        epochs,
+        args.model,
+        args.epochs,
         "--set",
-        f"train.batch_size={batch}",
+        f"train.batch_size={args.batch_size}",
+        "--set",
+        f"train.frozen_stages={args.frozen_stages}",
         "--set",
         "train.bn_recalibration_images=64",  # after the timed batches of each epoch: keep the run short
-        *(arg for override in overrides for arg in ("--set", override)),
+        *(arg for override in args.overrides for arg in ("--set", override)),
     )
 
 
@@ -83,17 +85,39 @@ def pinned_horovodrun(cluster: dict, workdir: Path, command: list[str]) -> None:
     horovodrun_on_boards(cluster, 2, workdir, [str(pinned), *command])
 
 
-def allreduce_seconds(cluster: dict, workdir: Path, image_size: int, steps: int) -> dict:
-    out = workdir / f"probe-{cluster['LINE_MBIT']}.json"
+def allreduce_seconds(cluster: dict, args: argparse.Namespace) -> dict:
+    """The gradient allreduce of the trained model alone: the same trainable variables (frozen stages excluded)."""
+    out = args.workdir / f"probe-{cluster['LINE_MBIT']}.json"
     out.unlink(missing_ok=True)
-    probe = [str(_bench.VENV_BIN / "python"), str(PROBE), "--model", MODEL, "--image-size", str(image_size)]
-    pinned_horovodrun(cluster, workdir, [*probe, "--steps", str(steps), "--out", str(out)])
+    probe = [
+        str(_bench.VENV_BIN / "python"),
+        str(PROBE),
+        "--model",
+        args.model,
+        "--frozen-stages",
+        str(args.frozen_stages),
+        "--image-size",
+        str(args.image_size),
+    ]
+    pinned_horovodrun(cluster, args.workdir, [*probe, "--steps", str(args.probe_steps), "--out", str(out)])
     seconds = json.loads(out.read_text())["seconds"]
     return {"seconds": seconds, "median_s": statistics.median(seconds)}
 
 
 def main() -> None:
     bench = _bench.Bench("overlap", __doc__)
+    bench.parser.add_argument(
+        "--model",
+        default="efficientnet_lite0",
+        help="registered model to train (default: %(default)s, configs/pi-cluster.yaml's)",
+    )
+    bench.parser.add_argument(
+        "--frozen-stages",
+        type=int,
+        default=4,
+        help="train.frozen_stages of every run and of the allreduce probe (default: %(default)s, "
+        "configs/pi-cluster.yaml's; 0 for a model without named stages)",
+    )
     bench.parser.add_argument("--line-mbit", type=int, nargs="+", default=[1000, 100, 50])
     bench.parser.add_argument("--image-size", type=int, default=224)
     bench.parser.add_argument("--batch-size", type=int, default=16, help="per rank (default: %(default)s)")
@@ -123,11 +147,16 @@ def main() -> None:
             "taskset",
             "-c",
             "0",
-            *_bench.covidxray(*train_args(data_dir, reference_run, args.epochs, args.batch_size, args.overrides)),
+            *_bench.covidxray(*train_args(data_dir, reference_run, args)),
         ]
     )
     compute = step_seconds(reference_run, args.batch_size)
-    results: dict = {"model": MODEL, "image_size": args.image_size, "batch_size_per_rank": args.batch_size}
+    results: dict = {
+        "model": args.model,
+        "frozen_stages": args.frozen_stages,
+        "image_size": args.image_size,
+        "batch_size_per_rank": args.batch_size,
+    }
     results["reference_one_core"] = compute
 
     rows = []
@@ -138,11 +167,11 @@ def main() -> None:
             run_dir = args.workdir / f"run-{line_mbit}"
             train = [
                 str(_bench.VENV_BIN / "covidxray"),
-                *train_args(data_dir, run_dir, args.epochs, args.batch_size, args.overrides),
+                *train_args(data_dir, run_dir, args),
             ]
             pinned_horovodrun(cluster, args.workdir, train)
             step = step_seconds(run_dir, args.batch_size)
-            allreduce = allreduce_seconds(cluster, args.workdir, args.image_size, args.probe_steps)
+            allreduce = allreduce_seconds(cluster, args)
         finally:
             netcluster("down")
         exposed = step["step_s"] - compute["step_s"]
@@ -167,7 +196,7 @@ def main() -> None:
             ]
         )
     bench.table(
-        f"{MODEL}, {args.image_size} px, batch {args.batch_size}: 2 emulated boards, one core per rank",
+        f"{args.model} ({args.frozen_stages} stages frozen), {args.image_size} px, batch {args.batch_size}: 2 emulated boards, one core per rank",
         [
             "line",
             "step, 1 rank, ms",
@@ -199,12 +228,17 @@ def main() -> None:
 
     report = json.loads(args.allreduce_json.read_text())["results"]
     line = str(min(map(int, report["line_rates"]), key=lambda m: abs(m - 1000)))
-    predicted = report["line_rates"][line]["predictions"][f"{MODEL}/none"]  # bench_allreduce.py's ring fit at 35 ranks
+    predictions = report["line_rates"][line]["predictions"]  # bench_allreduce.py's ring fit at 35 ranks
+    if f"{args.model}/none" not in predictions:
+        sys.exit(
+            f"{args.allreduce_json} has no prediction for {args.model}: re-run bench_allreduce.py, which times every registered model"
+        )
+    predicted = predictions[f"{args.model}/none"]
     allreduce_35 = predicted["allreduce_s"]
     prediction_rows = []
     for label, step_s in (
         ("CPU seconds / cores (bench_allreduce.py's figure)", predicted["compute_s"]),
-        ("wall clock, idle VM, 2 cores", statistics.median(report["compute"][MODEL]["wall_s"])),
+        ("wall clock, idle VM, 2 cores", statistics.median(report["compute"][args.model]["wall_s"])),
         ("one core of this VM (the reference above)", compute["step_s"]),
     ):
         exposed_35 = overhead_share * step_s + max(0.0, allreduce_35 - hidden_share * step_s)
@@ -235,7 +269,7 @@ def main() -> None:
         prediction_rows,
     )
     best = max(row["efficiency"] for row in results["prediction_35"])
-    bench.at_least(f"predicted {report['boards']}-board efficiency, {MODEL}, measured step model", best, 0.90)
+    bench.at_least(f"predicted {report['boards']}-board efficiency, {args.model}, measured step model", best, 0.90)
     bench.finish(args, results)
 
 
