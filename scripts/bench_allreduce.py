@@ -24,7 +24,9 @@ predicted images/s and scaling efficiency, without and with compute/comm overlap
 The allreduce is compute-free (no model runs in the probe), so the 2 cores are
 not what limits it; the load average is recorded because the kernel's
 forwarding of every packet still needs CPU. Goals: predicted 35-board
-efficiency >= 90% for mobilenet_v3_small at 224 px on 1 GbE; every 8-rank
+efficiency >= 90% for the default model (configs/pi-cluster.yaml's
+efficientnet_lite0; here with all layers trained: bench_overlap.py times the
+file's 4 frozen stages, with overlap) at 224 px on 1 GbE; every 8-rank
 allreduce within 1.2x of the ring floor.
 """
 
@@ -55,6 +57,7 @@ MEASURES = (
 
 NETCLUSTER = _bench.REPO / "scripts" / "netcluster.sh"
 PROBE = _bench.REPO / "scripts" / "_allreduce_probe.py"
+GOAL_MODEL = "efficientnet_lite0"  # configs/pi-cluster.yaml's model (issue 23)
 CLUSTER_NAME = "cxrb"  # not the default name: the benchmark never tears down a cluster a user built by hand
 
 # Run inside a board's namespace by link_check: a TCP receiver, then a sender that streams for a few seconds.
@@ -397,9 +400,9 @@ def main() -> None:
                         9 * reduce_s * 1e3,
                     ]
                 )
-                if line_mbit == args.line_mbit[0] and name == "mobilenet_v3_small":
+                if line_mbit == args.line_mbit[0] and name == GOAL_MODEL:
                     bench.at_least(
-                        f"predicted {args.boards}-board efficiency, mobilenet_v3_small @{args.image_size} on {line_mbit} Mbit/s, {compression} (no overlap)",
+                        f"predicted {args.boards}-board efficiency, {GOAL_MODEL} (all layers) @{args.image_size} on {line_mbit} Mbit/s, {compression} (no overlap)",
                         predicted["efficiency"],
                         0.9,
                         f"compute {step * 1e3:.0f} ms/step on this VM, allreduce {reduce_s * 1e3:.0f} ms of {_bench.mib(size):.1f} MiB, floor {floor_s * 1e3:.0f} ms; "
