@@ -138,6 +138,10 @@ def main() -> None:
         sys.exit("bench_overlap.py needs root (it builds network namespaces and tc shaping): run it with sudo")
     if (os.cpu_count() or 1) < 2:
         sys.exit("bench_overlap.py pins two ranks to two cores: this machine has one")
+    from covidxray.train.finetune import STAGED_MODELS
+
+    if args.frozen_stages and args.model not in STAGED_MODELS:
+        sys.exit(f"--frozen-stages {args.frozen_stages}: {args.model} has no named stages; pass --frozen-stages 0")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` tears the cluster down
 
     data_dir = _bench.prepared_synthetic(args.workdir / f"data-{args.image_size}", args.image_size, args.patients)
