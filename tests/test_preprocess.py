@@ -434,6 +434,56 @@ def test_colour_photo_and_missing_and_tiny_files_are_refused(tmp_path):
         assert caught.value.reason == reason, name
 
 
+def numpy_channel_spread(image: np.ndarray) -> np.ndarray:
+    """The colour check's spread as it was first written: numpy's reduction over the channel axis."""
+    return image.max(axis=2).astype(np.int32) - image.min(axis=2)
+
+
+def colour_images_of_every_decoded_dtype() -> list[np.ndarray]:
+    """What imdecode hands the colour check (TIFF, JPEG 2000, HDR and PFM decode to all of these dtypes), at the
+    extremes of each: signed ones span more than their own range, float ones hold NaN, infinities and fractions."""
+    rng = np.random.default_rng(0)
+    images = []
+    for dtype in (np.uint8, np.uint16, np.int8, np.int16):
+        info = np.iinfo(dtype)
+        images.append(rng.integers(info.min, info.max, (40, 50, 3), dtype, endpoint=True))
+        images[-1][0, :3] = [[info.min, info.max, 0], [info.max, info.min, info.max], [info.min, info.min, info.min]]
+    for dtype in (np.float32, np.float64):
+        floats = rng.uniform(-70000, 70000, (40, 50, 3)).astype(dtype)
+        floats[0, :4] = [[np.nan, 1, 2], [np.inf, 0, 0], [-np.inf, 3.5, -0.0], [40.9, 0.5, 0.2]]
+        images += [floats, (floats / 70000).astype(dtype)]  # 0..1 floats, as an HDR decodes
+    return images
+
+
+def test_channel_spread_equals_numpy_reduction_for_every_decoded_dtype():
+    from covidxray.edge.preprocess import _channel_spread
+
+    for image in colour_images_of_every_decoded_dtype():
+        with np.errstate(invalid="ignore"):  # NaN and infinities cast to int32, in both
+            expected, spread = numpy_channel_spread(image), _channel_spread(image)
+        assert np.array_equal(spread, expected, equal_nan=image.dtype.kind == "f"), image.dtype
+        sliced = np.dstack([image, image[:, :, :1]])[:, :, :3]  # a 4-channel image without its alpha, as decoded
+        with np.errstate(invalid="ignore"):
+            assert np.array_equal(_channel_spread(sliced), expected, equal_nan=image.dtype.kind == "f"), image.dtype
+
+
+def test_channel_spread_equals_numpy_reduction_on_real_colour_films(shared_data):
+    from covidxray.edge.preprocess import _channel_spread
+
+    files = sorted((shared_data / "covid-chestxray-aug2020-768").rglob("*.*"))
+    checked = 0
+    for path in files:
+        image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+        if image is None or image.ndim != 3:
+            continue
+        image = image[:, :, :3]
+        assert np.array_equal(_channel_spread(image), numpy_channel_spread(image)), path.name
+        checked += 1
+        if checked == 40:
+            break
+    assert checked == 40
+
+
 # --- training and predict see the same pixels -------------------------------------------------
 
 

@@ -10,6 +10,7 @@ to 0..1 happens inside the model.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import warnings
 from pathlib import Path
@@ -302,6 +303,20 @@ def _is_tinted_gray(image: np.ndarray, coloured: np.ndarray) -> bool:
     return float(np.sqrt(((channels - brightness @ fit) ** 2).mean())) <= TINT_RESIDUAL
 
 
+def _channel_spread(image: np.ndarray) -> np.ndarray:
+    """Per pixel, its largest channel minus its smallest: the values of `image.max(axis=2).astype(np.int32) -
+    image.min(axis=2)`, for every dtype imdecode returns.
+
+    numpy's reduction over the short channel axis took 13 ms for a 768 px RGB film, element-wise maximum and minimum
+    over the channel planes take 0.7. Unsigned images skip the int32 cast, which would double that: their maximum is
+    never below their minimum, so the difference cannot wrap. Signed and float images keep it, and with it the
+    truncation of a float maximum.
+    """
+    channels = [image[:, :, index] for index in range(image.shape[2])]
+    highest, lowest = functools.reduce(np.maximum, channels), functools.reduce(np.minimum, channels)
+    return highest - lowest if image.dtype.kind == "u" else highest.astype(np.int32) - lowest
+
+
 def _load_raster(path: Path, max_pixels: int) -> np.ndarray:
     try:
         data = np.fromfile(str(path), dtype=np.uint8)
@@ -325,9 +340,9 @@ def _load_raster(path: Path, max_pixels: int) -> np.ndarray:
     if image.ndim == 3:
         if image.shape[2] == 4:
             image = image[:, :, :3]
-        spread = image.max(axis=2).astype(np.int32) - image.min(axis=2)
         levels = COLOUR_SPREAD * (257 if image.dtype == np.uint16 else 1)
-        if float((spread > levels).mean()) > COLOUR_PIXEL_SHARE and not _is_tinted_gray(image, spread > levels):
+        coloured = _channel_spread(image) > levels
+        if float(coloured.mean()) > COLOUR_PIXEL_SHARE and not _is_tinted_gray(image, coloured):
             raise ImageError("not-xray", path, "colour image: looks like a photo, not a grayscale X-ray")
         image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)
     if image.dtype != np.uint8:
