@@ -87,6 +87,59 @@ def real_radiographs(shared) -> list:
 INVERTED_FILM = "CR-fake-MONO1-retagged-MONO2-pixels.dcm"  # MONOCHROME2 pixels tagged MONOCHROME1: shows as a negative
 
 
+def histogram_percentiles(values: np.ndarray, percents) -> np.ndarray:
+    return radiograph_gate.percentiles_of_histogram(np.bincount(values.ravel(), minlength=256), percents)
+
+
+def assert_bitwise_equal(found: np.ndarray, expected: np.ndarray, what) -> None:
+    assert found.dtype == expected.dtype == np.float64 and found.tobytes() == expected.tobytes(), (
+        what,
+        found,
+        expected,
+    )
+
+
+def test_percentiles_from_the_histogram_are_numpys_bit_for_bit_on_constructed_values():
+    rng = np.random.default_rng(0)
+    percents = (1, 99, 0, 100, 50, 0.5, 99.5, 25, 75, 33.3, 66.7, 2.5, 97.5)
+    cases = {
+        "one value": np.array([7], np.uint8),
+        "two values": np.array([0, 255], np.uint8),
+        "constant 0": np.zeros((30, 40), np.uint8),
+        "constant 255": np.full((17, 5), 255, np.uint8),
+        "constant 77, 256 px thumbnail": np.full((256, 200), 77, np.uint8),
+        # the 1st percentile's neighbours straddle a run of ties: 99 values, so its virtual index is 0.98
+        "one low outlier": np.array([3] + [200] * 98, np.uint8),
+        "101 values: virtual indices 1.0 and 99.0": np.arange(101, dtype=np.uint8),
+        "two runs meeting at the 99th percentile": np.array([10] * 99 + [250] * 2, np.uint8),
+    }
+    for n in (*range(1, 40), 99, 100, 101, 199, 200, 201, 1000, 65536, 256 * 171):
+        cases[f"{n} random values"] = rng.integers(0, 256, n, dtype=np.uint8)
+        cases[f"{n} values of three levels"] = rng.choice(np.array([0, 128, 255], np.uint8), n)
+    for what, values in cases.items():
+        for chosen in ((1, 99), percents):
+            assert_bitwise_equal(histogram_percentiles(values, chosen), np.percentile(values, chosen), (what, chosen))
+
+
+def test_percentiles_from_the_histogram_are_numpys_bit_for_bit_on_real_thumbnails(shared_data):
+    from covidxray.edge.preprocess import ImageError
+
+    paths = [
+        *sorted((shared_data / "covid-chestxray-aug2020-768").rglob("*.*"))[::6],
+        *sorted((shared_data / "chest-xray-pneumonia-224").rglob("*.jpeg"))[::100],
+        *sorted((shared_data / "covid19-talo-nih-half-512").rglob("*.png"))[::20],
+    ]
+    checked = 0
+    for path in paths:
+        try:
+            thumbnail = radiograph_gate._thumbnail(load_gray(path))
+        except ImageError:
+            continue
+        assert_bitwise_equal(histogram_percentiles(thumbnail, (1, 99)), np.percentile(thumbnail, (1, 99)), path.name)
+        checked += 1
+    assert checked > 150
+
+
 def test_real_radiographs_all_pass(shared_data):
     from covidxray.edge.preprocess import ImageError
 

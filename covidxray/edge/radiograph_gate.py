@@ -99,6 +99,24 @@ def _thumbnail(gray: np.ndarray) -> np.ndarray:
     return cv2.resize(gray, size, interpolation=cv2.INTER_AREA)
 
 
+def percentiles_of_histogram(counts: np.ndarray, percents: tuple[float, ...]) -> np.ndarray:
+    """`np.percentile(values, percents)`, bit for bit, from the histogram of at least one integer value
+    (`counts[v]`: how many values are v): the same linear interpolation between the same two order statistics,
+    found in the cumulative counts instead of by partitioning the values (0.02 ms instead of 0.33 for a thumbnail).
+    """
+    cumulative = np.cumsum(counts)
+    last = int(cumulative[-1]) - 1
+    position = last * (np.asarray(percents, np.float64) / 100)  # numpy's virtual index, (n - 1) * q
+    # numpy takes the last value for both neighbours at or past the last index; any weight then gives that value
+    below = np.minimum(np.floor(position), last)
+    lower = np.searchsorted(cumulative, below, side="right")  # the value of order statistic `below`
+    upper = np.searchsorted(cumulative, np.minimum(below + 1, last), side="right")
+    weight = position - below
+    difference = upper - lower
+    # numpy's _lerp: from the nearer end, so that a weight of 1 gives the upper value exactly
+    return np.where(weight >= 0.5, upper - difference * (1 - weight), lower + difference * weight)
+
+
 def _detail(small: np.ndarray, side: int) -> float:
     return float(np.abs(small.astype(np.float32) - cv2.blur(small, (side, side)).astype(np.float32)).mean())
 
@@ -127,9 +145,9 @@ def features(gray: np.ndarray) -> dict[str, float]:
     """The value each check in CHECKS looks at, keyed by its reason."""
     height, width = gray.shape[:2]
     small = _thumbnail(gray)
-    low, high = np.percentile(small, (1, 99))
-    spread = float(high - low)
     counts = np.bincount(small.ravel(), minlength=256)
+    low, high = percentiles_of_histogram(counts, (1, 99))
+    spread = float(high - low)
     top_two = float(np.sort(counts)[-2:].sum() / small.size)
     # Detail at a scale: mean absolute difference from a box blur of that size, relative to the spread
     # so that contrast does not matter. Radiographs are smooth at 3 px; text strokes, UI edges and noise
