@@ -348,6 +348,70 @@ def test_keypoints_touching_full_white_overlays_are_dropped():
     assert [k.pt for k in kept] == [(230.0, 118.0), (50.0, 50.0)]
 
 
+def features_with_the_original_glue(gray: np.ndarray) -> bytes:
+    """near_duplicates.features with its Python glue as first written (FEATURE_VERSION .../7): keypoints filtered by
+    a zip over numpy booleans, positions packed from each k.pt. The oracle for the vectorised glue's blobs."""
+    trimmed = near_duplicates.trim_uniform_border(gray)
+    small = cv2.createCLAHE(clipLimit=2.0, tileGridSize=(8, 8)).apply(cv2.equalizeHist(trimmed))
+    orb = near_duplicates._orb(near_duplicates.CANDIDATE_KEYPOINTS)
+    detected = orb.detect(small, None)
+    patch = np.ones((near_duplicates.PATCH, near_duplicates.PATCH), np.uint8)
+    usable = cv2.erode((trimmed < 255).astype(np.uint8), patch)
+    x, y = np.array([k.pt for k in detected]).reshape(-1, 2).astype(int).T
+    off_overlays = [k for k, ok in zip(detected, usable[y, x]) if ok]
+    keypoints = near_duplicates._spread_out(off_overlays, small.shape[1], small.shape[0])
+    keypoints, descriptors = orb.compute(small, keypoints)
+    if descriptors is None:
+        keypoints, descriptors = [], np.zeros((0, 32), np.uint8)
+    width = small.shape[1]
+    mirrored_keypoints = [
+        cv2.KeyPoint(width - 1 - k.pt[0], k.pt[1], k.size, (180 - k.angle) % 360, k.response, k.octave)
+        for k in keypoints
+    ]
+    kept, mirrored = orb.compute(cv2.flip(small, 1), mirrored_keypoints)
+    if len(kept) != len(keypoints):
+        mirror_x = {round(k.pt[0], 2) for k in kept}
+        common = [i for i, k in enumerate(mirrored_keypoints) if round(k.pt[0], 2) in mirror_x]
+        keypoints, descriptors = [keypoints[i] for i in common], descriptors[common]
+    points = np.array([k.pt for k in keypoints], np.float16).reshape(-1, 2)
+    header = np.array([(len(points), small.shape[1], small.shape[0])], near_duplicates._HEADER)
+    mirrored = mirrored if mirrored is not None else np.zeros((0, 32), np.uint8)
+    return header.tobytes() + points.tobytes() + descriptors.tobytes() + mirrored.tobytes()
+
+
+def test_feature_blobs_equal_the_original_glues_on_constructed_images():
+    """Overlays to drop keypoints at, a flat frame to trim, and images with no keypoint at all."""
+    film = xray(3, 512)
+    overlaid = film.copy()
+    cv2.putText(overlaid, "R PORTABLE", (40, 80), cv2.FONT_HERSHEY_SIMPLEX, 2.0, 255, 4)
+    framed = cv2.copyMakeBorder(film, 60, 60, 90, 90, cv2.BORDER_CONSTANT, value=0)
+    for name, gray in {
+        "film": film,
+        "overlaid": overlaid,
+        "framed": framed,
+        "blank": np.zeros((300, 300), np.uint8),
+        "all white": np.full((300, 200), 255, np.uint8),
+    }.items():
+        assert near_duplicates.features(gray) == features_with_the_original_glue(gray), name
+    assert near_duplicates.unpack(near_duplicates.features(np.zeros((300, 300), np.uint8))).points.shape == (0, 2)
+
+
+def test_feature_blobs_equal_the_original_glues_on_real_films(shared_data):
+    paths = [
+        *sorted((shared_data / "covid-chestxray-aug2020-768").rglob("*.*"))[::15],
+        *sorted((shared_data / "chest-xray-pneumonia-224").rglob("*.jpeg"))[::200],
+    ]
+    checked = 0
+    for path in paths:
+        try:
+            gray = preprocess.load_gray(path)
+        except preprocess.ImageError:
+            continue
+        assert near_duplicates.features(gray) == features_with_the_original_glue(gray), path.name
+        checked += 1
+    assert checked > 60
+
+
 def _labelled(source: str, name: str, patient: str, label: str) -> Record:
     return Record(image=Path(f"/data/{source}/{name}"), label=label, patient_id=f"{source}:{patient}", source=source)
 
