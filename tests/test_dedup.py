@@ -412,6 +412,36 @@ def test_feature_blobs_equal_the_original_glues_on_real_films(shared_data):
     assert checked > 60
 
 
+def strongest_per_image_pair_by_pair(low, high, mirrored, counts, per_image: int) -> dict:
+    """_strongest_per_image as first written: a pair is kept while either image has fewer than per_image kept."""
+    kept: dict = {}
+    taken: dict[int, int] = {}
+    for index in np.argsort(-counts, kind="stable"):
+        i, j = int(low[index]), int(high[index])
+        if taken.get(i, 0) < per_image or taken.get(j, 0) < per_image:
+            kept[(i, j, bool(mirrored[index]))] = int(counts[index])
+            taken[i], taken[j] = taken.get(i, 0) + 1, taken.get(j, 0) + 1
+    return kept
+
+
+def test_strongest_pairs_per_image_are_the_pair_by_pair_rules_in_its_order():
+    """Same pairs, votes and order (confirmed_pairs ranks them with a stable sort, so ties keep this order)."""
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        images = int(rng.integers(2, 40))
+        pairs = np.unique(np.sort(rng.integers(0, images, (int(rng.integers(1, 400)), 2)), axis=1), axis=0)
+        pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+        low, high = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+        mirrored = rng.integers(0, 2, len(low)).astype(np.int64)
+        counts = rng.integers(4, 4 + int(rng.integers(1, 12)), len(low)).astype(np.int64)  # many ties
+        for per_image in (0, 1, 3, 5):
+            found = near_duplicates._strongest_per_image(low, high, mirrored, counts, per_image)
+            expected = strongest_per_image_pair_by_pair(low, high, mirrored, counts, per_image)
+            assert list(found.items()) == list(expected.items()), (trial, per_image)
+            assert all(type(value) is int for value in found.values())
+            assert all(type(i) is int and type(j) is int and type(m) is bool for i, j, m in found)
+
+
 def _labelled(source: str, name: str, patient: str, label: str) -> Record:
     return Record(image=Path(f"/data/{source}/{name}"), label=label, patient_id=f"{source}:{patient}", source=source)
 

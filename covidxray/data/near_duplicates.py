@@ -264,15 +264,22 @@ def candidate_pairs(
 
 
 def _strongest_per_image(low, high, mirrored, counts, per_image: int) -> dict[tuple[int, int, bool], int]:
-    """Keep a pair when it is among the `per_image` best-voted pairs of either image: at most per_image x n pairs."""
-    kept: dict[tuple[int, int, bool], int] = {}
-    taken: dict[int, int] = {}
-    for index in np.argsort(-counts, kind="stable"):
-        i, j = int(low[index]), int(high[index])
-        if taken.get(i, 0) < per_image or taken.get(j, 0) < per_image:
-            kept[(i, j, bool(mirrored[index]))] = int(counts[index])
-            taken[i], taken[j] = taken.get(i, 0) + 1, taken.get(j, 0) + 1
-    return kept
+    """Keep a pair when it is among the `per_image` best-voted pairs of either image: at most per_image x n pairs.
+
+    Taken best voted first (ties in pair order), an image's first `per_image` pairs are always kept, and after them
+    it holds `per_image` kept pairs already: so a pair is kept exactly when it is among the first `per_image` pairs
+    of one of its images, which numpy counts for all pairs at once (a Python loop over the pairs took 0.5 s of
+    prepare's serial tail on 516 ieee8023 films).
+    """
+    order = np.argsort(-counts, kind="stable")
+    # both images of each pair, pair by pair in vote order: a stable sort by image keeps each image's pairs in it
+    images = np.column_stack([low[order], high[order]]).ravel()
+    by_image = np.argsort(images, kind="stable")
+    rank = np.empty(len(images), np.int64)
+    rank[by_image] = np.arange(len(images)) - np.searchsorted(images[by_image], images[by_image])
+    kept = order[(rank < per_image).reshape(-1, 2).any(axis=1)]
+    pairs = zip(low[kept].tolist(), high[kept].tolist(), mirrored[kept].astype(bool).tolist())
+    return dict(zip(pairs, counts[kept].tolist()))
 
 
 def _hull_fraction(points: np.ndarray, width: int, height: int) -> float:
