@@ -199,7 +199,7 @@ def features(gray: np.ndarray) -> bytes:
         mirror_x = {round(k.pt[0], 2) for k in kept}
         common = [i for i, k in enumerate(mirrored_keypoints) if round(k.pt[0], 2) in mirror_x]
         keypoints, descriptors = [keypoints[i] for i in common], descriptors[common]
-    # float32 positions to float16, as each k.pt's (exact) float64 values were: the same rounding, without a loop
+    # k.pt is the float32 position as an exact float64: rounding the float32 array to float16 gives the same values
     points = np.asarray(cv2.KeyPoint_convert(keypoints), np.float16).reshape(-1, 2)
     header = np.array([(len(points), small.shape[1], small.shape[0])], _HEADER)
     mirrored = mirrored if mirrored is not None else np.zeros((0, 32), np.uint8)
@@ -268,8 +268,8 @@ def _strongest_per_image(low, high, mirrored, counts, per_image: int) -> dict[tu
 
     Taken best voted first (ties in pair order), an image's first `per_image` pairs are always kept, and after them
     it holds `per_image` kept pairs already: so a pair is kept exactly when it is among the first `per_image` pairs
-    of one of its images, which numpy counts for all pairs at once (a Python loop over the pairs took 0.5 s of
-    prepare's serial tail on 516 ieee8023 films).
+    of one of its images, which numpy counts for all pairs at once (in prepare's serial tail: 48 ms in a Python loop
+    over the 99,000 voted pairs of 606 ieee8023 films, 20 ms so).
     """
     order = np.argsort(-counts, kind="stable")
     # both images of each pair, pair by pair in vote order: a stable sort by image keeps each image's pairs in it
