@@ -78,11 +78,13 @@ class Bench:
         self.tables: list[dict] = []
         self.goals: list[dict] = []
 
-    def parse(self, quick_defaults: dict[str, Any] | None = None) -> argparse.Namespace:
-        """Parse argv; `--quick` replaces the defaults named in `quick_defaults` (explicit flags still win)."""
-        if "--quick" in sys.argv[1:]:
+    def parse(self, quick_defaults: dict[str, Any] | None = None, argv: list[str] | None = None) -> argparse.Namespace:
+        """Parse `argv` (default: the command line's); `--quick` replaces the defaults named in `quick_defaults`
+        (explicit flags still win)."""
+        argv = sys.argv[1:] if argv is None else argv
+        if "--quick" in argv:
             self.parser.set_defaults(repeats=1, **(quick_defaults or {}))
-        args = self.parser.parse_args()
+        args = self.parser.parse_args(argv)
         args.workdir.mkdir(parents=True, exist_ok=True)
         return args
 

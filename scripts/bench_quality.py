@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import _bench
@@ -48,6 +49,21 @@ MEASURES = (
     "covidxray/edge/harmonise.py",
     "covidxray/train",
     "covidxray/export/source_profile.py",
+)
+# The part of MEASURES that reaches the figures only through the data folder `covidxray prepare` writes: no
+# module of it is imported by train, evaluate (--external included) or this script after its prepares, directly
+# or through another module. Left out, as the training side imports them: covidxray/data/__init__.py, labels.py
+# (the task's classes), tfrecord.py (reading shards), dedup.py, near_duplicates.py and image_cache.py (evaluate
+# --external's copy check), edge/preprocess.py (train checks PREPROCESSING_VERSION; the copy check decodes) and
+# edge/harmonise.py (the config's choices). covidxray/sources is imported only by prepare, audit and other
+# commands (`covidxray sources`, `report`, `weights download`) that this benchmark does not run.
+# scripts/revalidate_prepared.py shows a change of these paths left every prepared data folder identical.
+PREPARED_VIA = (
+    "covidxray/data/prepare.py",
+    "covidxray/data/split.py",
+    "covidxray/data/audit.py",
+    "covidxray/data/composition.py",
+    "covidxray/sources",
 )
 
 # The three real collections in full (ieee8023's whole Aug-2020 snapshot, all of Kaggle, the NIH half of talo)
@@ -96,6 +112,7 @@ RECIPES = {
     },
 }
 BOOTSTRAP_ROUNDS = 2000
+QUICK_DEFAULTS = {"image_size": 64, "epochs": 1, "bootstrap": 50, "model": "small_cnn"}
 
 
 def measured_run(cmd: list[str]) -> dict:
@@ -165,9 +182,8 @@ def test_predictions(run_dir: Path, data_dir: Path) -> tuple[np.ndarray, np.ndar
     return labels, probabilities, manifest.labels
 
 
-def main() -> None:
-    from covidxray.reports import read_evaluation_report
-
+def quality_bench() -> _bench.Bench:
+    """This benchmark and its command line."""
     bench = _bench.Bench("quality", __doc__)
     bench.parser.add_argument("--recipe", choices=sorted(RECIPES), default="kaggle-pneumonia")
     bench.parser.add_argument(
@@ -202,39 +218,27 @@ def main() -> None:
         action="store_true",
         help="leave-one-out recipes: keep a fold's finished training run, re-evaluate it",
     )
-    args = bench.parse({"image_size": 64, "epochs": 1, "bootstrap": 50, "model": "small_cnn"})
+    return bench
+
+
+def main() -> None:
+    from covidxray.reports import read_evaluation_report
+
+    bench = quality_bench()
+    args = bench.parse(QUICK_DEFAULTS)
     recipe = RECIPES[args.recipe]
     if recipe.get("leave_one_out"):
         leave_one_source_out(bench, args, recipe)
         return
 
-    data_dir = args.workdir / f"{args.recipe}-{args.image_size}"
+    data_dir = recipe_data_dir(args)
     run_dir = (
         args.workdir
         / "runs"
         / f"{args.recipe}-{args.model}-{args.image_size}-{args.epochs}ep{'-' + args.tag if args.tag else ''}"
     )
     subsample = training_subsample(args, recipe)
-    sources = [
-        arg
-        for name, folder in source_folders(args, recipe, subsample).items()
-        for arg in ("--source", f"{name}={folder}")
-    ]
-    prepare_sets = [arg for s in recipe["sets"] + args.sets if s.startswith("data.") for arg in ("--set", s)]
-    _bench.run(
-        _bench.covidxray(
-            "prepare",
-            *sources,
-            "--task",
-            recipe["task"],
-            "--image-size",
-            str(args.image_size),
-            "--data-dir",
-            str(data_dir),
-            *prepare_sets,
-        ),
-        timeout=7200,
-    )
+    run_prepare(recipe_prepare(args, recipe))
     trained = measured_train(args, data_dir, run_dir)
     _bench.run(_bench.covidxray("evaluate", "--data-dir", str(data_dir), "--run-dir", str(run_dir)))
 
@@ -327,15 +331,37 @@ def subsampled(folder: Path, every: int, out: Path) -> Path:
     return out
 
 
-def _prepare(sources: dict[str, Path], task: str, size: int, data_dir: Path, sets: list[str]) -> None:
+def prepare_command(sources: dict[str, Path], task: str, size: int, data_dir: Path, sets: list[str]) -> list[str]:
+    """`covidxray prepare` of `sources` (name -> folder) into `data_dir`, with the data.* of the --set overrides."""
     args = [arg for name, folder in sources.items() for arg in ("--source", f"{name}={folder}")]
     data_sets = [arg for s in sets if s.startswith("data.") for arg in ("--set", s)]
-    _bench.run(
-        _bench.covidxray(
-            "prepare", *args, "--task", task, "--image-size", str(size), "--data-dir", str(data_dir), *data_sets
-        ),
-        timeout=7200,
+    return _bench.covidxray(
+        "prepare", *args, "--task", task, "--image-size", str(size), "--data-dir", str(data_dir), *data_sets
     )
+
+
+def run_prepare(command: list[str]) -> None:
+    _bench.run(command, timeout=7200)
+
+
+def prepare_commands(args) -> list[list[str]]:
+    """Every `covidxray prepare` a run with `args` does, in order (scripts/revalidate_prepared.py re-runs them).
+    The subsampled copies they read are made under --workdir on the way."""
+    recipe = RECIPES[args.recipe]
+    if not recipe.get("leave_one_out"):
+        return [recipe_prepare(args, recipe)]
+    plan = loso_plan(args, recipe)
+    return [command for held in plan.held_out for command in fold_prepares(args, plan, held)]
+
+
+def recipe_data_dir(args) -> Path:
+    return args.workdir / f"{args.recipe}-{args.image_size}"
+
+
+def recipe_prepare(args, recipe: dict) -> list[str]:
+    """The one prepare of a recipe that is not leave-one-out: all its sources into recipe_data_dir."""
+    folders = source_folders(args, recipe, training_subsample(args, recipe))
+    return prepare_command(folders, recipe["task"], args.image_size, recipe_data_dir(args), recipe["sets"] + args.sets)
 
 
 def _scored(
@@ -350,7 +376,26 @@ def _scored(
     }
 
 
-def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path, runs: Path) -> dict:
+def fold_data(recipe: dict, held: str, root: Path) -> tuple[str, Path, Path]:
+    """The task of the fold that holds `held` out, and its training and held-out data folders under `root`."""
+    task = recipe.get("fold_task", {}).get(held, recipe["task"])
+    suffix = "" if task == recipe["task"] else f"-{task}"
+    return task, root / f"without-{held}{suffix}", root / f"only-{held}{suffix}"
+
+
+def fold_prepares(args, plan: LosoPlan, held: str) -> list[list[str]]:
+    """The fold's two prepares: the other sources (subsampled as planned) for training, then `held` whole."""
+    recipe = plan.recipe
+    task, training_dir, held_dir = fold_data(recipe, held, plan.root)
+    sets = recipe["sets"] + args.sets
+    others = {name: plan.folders[name] for name in recipe["sources"] if name != held}
+    return [
+        prepare_command(others, task, args.image_size, training_dir, sets),
+        prepare_command({held: args.data_root / recipe["sources"][held]}, task, args.image_size, held_dir, sets),
+    ]
+
+
+def run_fold(args, plan: LosoPlan, held: str, runs: Path) -> dict:
     """Train without `held`, evaluate in-sample and on `held`; per-image figures with bootstrap intervals."""
     import tensorflow as tf
 
@@ -358,15 +403,10 @@ def run_fold(args, recipe: dict, held: str, folders: dict[str, Path], root: Path
     from covidxray.reports import read_evaluation_report
     from covidxray.train.external import predict_records
 
-    task = recipe.get("fold_task", {}).get(held, recipe["task"])
-    suffix = "" if task == recipe["task"] else f"-{task}"
-    training_dir, held_dir = root / f"without-{held}{suffix}", root / f"only-{held}{suffix}"
-    run_dir = runs / f"without-{held}{suffix}"
-    sets = recipe["sets"] + args.sets
-    _prepare(
-        {name: folders[name] for name in recipe["sources"] if name != held}, task, args.image_size, training_dir, sets
-    )
-    _prepare({held: args.data_root / recipe["sources"][held]}, task, args.image_size, held_dir, sets)
+    task, training_dir, held_dir = fold_data(plan.recipe, held, plan.root)
+    run_dir = runs / training_dir.name
+    for command in fold_prepares(args, plan, held):
+        run_prepare(command)
     if args.reuse and _trained(run_dir, args.epochs):
         trained = json.loads((run_dir / "bench_train.json").read_text())
     else:
@@ -514,19 +554,25 @@ def source_folders(args, recipe: dict, subsample: dict[str, int]) -> dict[str, P
     return folders
 
 
-def leave_one_source_out(bench, args, recipe: dict) -> None:
-    subsample = training_subsample(args, recipe)
+@dataclass
+class LosoPlan:
+    """What a leave-one-out run prepares: the recipe (its sources the --quick slivers under --quick), the folder of
+    its data sets, every source's folder for training folds, and the held-out sources to run."""
+
+    recipe: dict
+    root: Path
+    folders: dict[str, Path]
+    held_out: list[str]
+
+
+def loso_plan(args, recipe: dict) -> LosoPlan:
+    """The plan of a leave-one-out run (the subsampled copies made on the way; --quick also moves --data-root)."""
     data_tag = "-".join(s.partition("=")[2] for s in recipe["sets"] + args.sets if s.startswith("data."))
     root = (
         args.workdir
         / f"{args.recipe}-{args.image_size}{'-' + data_tag if data_tag else ''}{'-quick' if args.quick else ''}"
     )
-    runs = (
-        args.workdir
-        / "runs"
-        / f"{args.recipe}-{args.model}-{args.image_size}-{args.epochs}ep{'-' + args.tag if args.tag else ''}{'-quick' if args.quick else ''}"
-    )
-    folders = source_folders(args, recipe, subsample)
+    folders = source_folders(args, recipe, training_subsample(args, recipe))
     if args.quick:  # held out too: the quick run's held-out sets are slivers as well
         args.data_root = args.workdir / "subsets"
         recipe = {**recipe, "sources": {name: folders[name].name for name in recipe["sources"]}}
@@ -534,11 +580,23 @@ def leave_one_source_out(bench, args, recipe: dict) -> None:
     unknown = sorted(set(held_out) - set(recipe["sources"]))
     if unknown:
         sys.exit(f"--folds {', '.join(unknown)}: not a source of {args.recipe} ({', '.join(recipe['sources'])})")
+    return LosoPlan(recipe, root, folders, held_out)
+
+
+def leave_one_source_out(bench, args, recipe: dict) -> None:
+    subsample = training_subsample(args, recipe)
+    plan = loso_plan(args, recipe)
+    recipe = plan.recipe
+    runs = (
+        args.workdir
+        / "runs"
+        / f"{args.recipe}-{args.model}-{args.image_size}-{args.epochs}ep{'-' + args.tag if args.tag else ''}{'-quick' if args.quick else ''}"
+    )
     baseline = json.loads(args.baseline.read_text())["results"]["folds"] if args.baseline else {}
     folds = {}
-    for held in held_out:
+    for held in plan.held_out:
         print(f"fold: {held} held out", flush=True)
-        folds[held] = run_fold(args, recipe, held, folders, root, runs)
+        folds[held] = run_fold(args, plan, held, runs)
         bench.finish(args, _loso_results(args, recipe, subsample, folds))  # written after every fold: nothing lost
     results = _loso_results(args, recipe, subsample, folds)
     from covidxray.data.labels import get_task

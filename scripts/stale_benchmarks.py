@@ -13,6 +13,17 @@ unchanged. docs/bench/known_stale.toml lists the reports known to be stale,
 each with why and what re-running it needs; tests/test_bench_fresh.py fails on
 any other stale report and on a listed report that is fresh again.
 
+A script may also declare `PREPARED_VIA = (...)`: the part of its MEASURES
+whose effect on the figures passes only through the data folder `covidxray
+prepare` writes. docs/bench/revalidated.toml holds records written by
+scripts/revalidate_prepared.py, each showing that every prepare a report runs
+wrote the same data at commit `from` as at commit `to`. A report whose measured
+paths changed is still fresh through a chain of such records (of its recorded
+command): measured paths unchanged from its commit to the first record's
+`from`, each record's changes within PREPARED_VIA, unchanged from one record's
+`to` to the next one's `from`, and unchanged from the last `to` to the working
+tree.
+
     python scripts/stale_benchmarks.py   # every stale report, what changed, the command to re-run it; exit 1 on a new one
 """
 
@@ -31,6 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 REPORTS = Path("docs/bench")
 KNOWN_STALE = REPORTS / "known_stale.toml"
+REVALIDATED = REPORTS / "revalidated.toml"
+WORKING_TREE = None  # as the newer side of a comparison: the files as they are now, committed or not
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,23 @@ class Staleness:
 
     def _unknown(self) -> str:
         return f"its commit {self.commit!r} is unknown here" if self.commit else "it records no git commit"
+
+
+@dataclass(frozen=True)
+class Revalidated:
+    """A report whose measured paths changed, fresh through revalidation records (prepared data shown identical)."""
+
+    report: str
+    benchmark: str
+    commit: str
+    chain: tuple[dict, ...]  # the revalidation records, oldest first
+
+    def line(self) -> str:
+        steps = ", ".join(f"{record['from'][:7]}..{record['to'][:7]}" for record in self.chain)
+        return (
+            f"{self.report} (bench_{self.benchmark}) measured at {self.commit} is fresh through revalidation: "
+            f"prepared data identical across {steps} ({REVALIDATED})"
+        )
 
 
 def summarize(paths: tuple[str, ...]) -> str:
@@ -79,32 +109,73 @@ def is_shallow(repo: Path) -> bool:
 
 def declared_measures(script: Path) -> tuple[str, ...]:
     """The script's module-level MEASURES tuple of repository paths, read without importing the script."""
+    measures = _declared(script, "MEASURES")
+    if not measures:
+        raise ValueError(f'{script} declares no MEASURES = ("covidxray/...", ...) tuple of the paths it measures')
+    return measures
+
+
+def declared_prepared_via(script: Path) -> tuple[str, ...]:
+    """The script's PREPARED_VIA (empty when it declares none): measured paths whose effect on the figures passes
+    only through the data folder `covidxray prepare` writes."""
+    prepared_via = _declared(script, "PREPARED_VIA") or ()
+    measures = declared_measures(script)
+    outside = [path for path in prepared_via if not within(path, measures)]
+    if outside:
+        raise ValueError(f"{script}: PREPARED_VIA names {', '.join(outside)}, which MEASURES does not cover")
+    return prepared_via
+
+
+def _declared(script: Path, name: str) -> tuple[str, ...] | None:
+    """A module-level `name = ("path", ...)` tuple of strings; None when absent or of another shape."""
     for node in ast.parse(script.read_text(), str(script)).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MEASURES" for t in node.targets):
-            measures = ast.literal_eval(node.value)
-            if measures and isinstance(measures, tuple) and all(isinstance(m, str) for m in measures):
-                return measures
-    raise ValueError(f'{script} declares no MEASURES = ("covidxray/...", ...) tuple of the paths it measures')
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            value = ast.literal_eval(node.value)
+            if value and isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+                return value
+    return None
+
+
+def within(path: str, folders: tuple[str, ...]) -> bool:
+    """`path` is one of `folders` (files or folders) or lies under one."""
+    return any(path == folder or path.startswith(folder.rstrip("/") + "/") for folder in folders)
+
+
+def is_commit(repo: Path, commit: str) -> bool:
+    return bool(commit) and not git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}").returncode
 
 
 def changed_since(repo: Path, commit: str, paths: tuple[str, ...]) -> tuple[str, ...] | None:
     """Declared paths (or the files under a declared folder) that differ between `commit` and the working tree;
     None when the commit is missing or unknown to the repository."""
-    if not commit or git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}").returncode:
+    return changed_between(repo, commit, WORKING_TREE, paths)
+
+
+def changed_between(repo: Path, old: str, new: str | None, paths: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Declared paths (or the files under a declared folder) that differ between commit `old` and commit `new`
+    (WORKING_TREE: the files as they are), a Python file with the same syntax tree counting as unchanged;
+    None when a commit is missing or unknown to the repository."""
+    if not is_commit(repo, old) or (new is not WORKING_TREE and not is_commit(repo, new)):
         return None
-    diff = git(repo, "diff", "--name-only", "--no-renames", commit, "--", *paths)
+    diff = git(repo, "diff", "--name-only", "--no-renames", old, *([new] if new else []), "--", *paths)
     if diff.returncode:
-        raise RuntimeError(f"git diff {commit} failed in {repo}: {diff.stderr.strip()}")
+        raise RuntimeError(f"git diff {old} {new or ''} failed in {repo}: {diff.stderr.strip()}")
     changed = sorted(set(diff.stdout.split()))
-    python = [path for path in changed if path.endswith(".py") and (repo / path).is_file()]
-    before = dict(zip(python, _blobs(repo, [f"{commit}:{path}" for path in python])))
-    return tuple(path for path in changed if not _same_code(before.get(path), repo / path))
+    python = [path for path in changed if path.endswith(".py")]
+    before = dict(zip(python, _blobs(repo, [f"{old}:{path}" for path in python])))
+    if new is WORKING_TREE:
+        after = {path: (repo / path).read_bytes() if (repo / path).is_file() else None for path in python}
+    else:
+        after = dict(zip(python, _blobs(repo, [f"{new}:{path}" for path in python])))
+    return tuple(path for path in changed if not _same_code(before.get(path), after.get(path)))
 
 
-def _same_code(before: bytes | None, now: Path) -> bool:
+def _same_code(before: bytes | None, after: bytes | None) -> bool:
     """Python source whose syntax tree is unchanged: only its formatting or comments differ (a `ruff format` commit)."""
-    tree = _syntax_tree(before) if before is not None else None
-    return tree is not None and tree == _syntax_tree(now.read_bytes())
+    if before is None or after is None:
+        return False
+    tree = _syntax_tree(before)
+    return tree is not None and tree == _syntax_tree(after)
 
 
 def _blobs(repo: Path, specs: list[str]) -> list[bytes | None]:
@@ -150,16 +221,66 @@ def rerun_command(report: dict, report_path: Path) -> str:
 
 
 def stale_reports(repo: Path) -> list[Staleness]:
-    """Every report in `repo`/docs/bench whose measured paths changed since its commit, or whose commit is unknown."""
-    stale = []
+    """Every report in `repo`/docs/bench whose measured paths changed since its commit, or whose commit is unknown,
+    and that no chain of revalidation records vouches for."""
+    return assess_reports(repo)[0]
+
+
+def assess_reports(repo: Path) -> tuple[list[Staleness], list[Revalidated]]:
+    """(the stale reports, the reports fresh only through revalidation records), each list sorted by report."""
+    stale, revalidated = [], []
+    records = revalidations(repo)
     for path in sorted((repo / REPORTS).glob("*.json")):
         report = json.loads(path.read_text())
         name, commit = report["benchmark"], report["environment"].get("git_commit", "")
-        measures = declared_measures(repo / "scripts" / f"bench_{name}.py")
+        script = repo / "scripts" / f"bench_{name}.py"
+        measures = declared_measures(script)
         changed = changed_since(repo, commit, measures)
-        if changed is None or changed:
+        if changed == ():
+            continue
+        own = [record for record in records.get(path.name, []) if record.get("command") == report["command"]]
+        chain = revalidation_chain(repo, commit, measures, declared_prepared_via(script), own)
+        if chain:
+            revalidated.append(Revalidated(path.name, name, commit, chain))
+        else:
             stale.append(Staleness(path.name, name, commit, changed or (), rerun_command(report, REPORTS / path.name)))
-    return stale
+    return stale, revalidated
+
+
+def revalidation_chain(
+    repo: Path,
+    commit: str,
+    measures: tuple[str, ...],
+    prepared_via: tuple[str, ...],
+    records: list[dict],
+    target: str | None = WORKING_TREE,
+) -> tuple[dict, ...] | None:
+    """Records that carry a report measured at `commit` to `target` (default the working tree), oldest first:
+    measured paths unchanged up to each record's `from`, changed only within `prepared_via` from its `from` to its
+    `to`, and unchanged from the last `to` to `target`. None when there is no such chain.
+
+    A depth-first search from `commit`; each record is used at most once, so it ends."""
+
+    def unchanged(old: str, new: str | None) -> bool:
+        return changed_between(repo, old, new, measures) == ()
+
+    def carried(record: dict) -> bool:
+        changed = changed_between(repo, record["from"], record["to"], measures)
+        return changed is not None and all(within(path, prepared_via) for path in changed)
+
+    usable = [record for record in records if prepared_via and carried(record)]
+
+    def search(at: str, left: list[dict]) -> tuple[dict, ...] | None:
+        for record in left:
+            if unchanged(at, record["from"]):
+                if unchanged(record["to"], target):
+                    return (record,)
+                rest = search(record["to"], [other for other in left if other is not record])
+                if rest:
+                    return (record, *rest)
+        return None
+
+    return search(commit, usable) if is_commit(repo, commit) else None
 
 
 def known_stale(repo: Path) -> dict[str, dict]:
@@ -168,11 +289,27 @@ def known_stale(repo: Path) -> dict[str, dict]:
     return tomllib.loads(path.read_text()) if path.is_file() else {}
 
 
+def revalidations(repo: Path) -> dict[str, list[dict]]:
+    """docs/bench/revalidated.toml: report file name -> its revalidation records, in the order written."""
+    path = repo / REVALIDATED
+    return tomllib.loads(path.read_text()) if path.is_file() else {}
+
+
+def revalidation_toml(report: str, record: dict) -> str:
+    """One record as a TOML array-of-tables entry under the report's name (appended to docs/bench/revalidated.toml).
+    Values are strings or lists of strings; JSON's string escapes are TOML's."""
+    lines = [f"\n[[{json.dumps(report)}]]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in record.items()]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     if not is_checkout(REPO):
         sys.exit(f"{REPO} is not a git checkout: staleness cannot be told")
     known = known_stale(REPO)
-    stale = stale_reports(REPO)
+    stale, revalidated = assess_reports(REPO)
+    for item in revalidated:
+        print("revalidated: " + item.line())
     for item in stale:
         print(("known: " if item.report in known else "NEW: ") + item.line())
     new = sum(item.report not in known for item in stale)

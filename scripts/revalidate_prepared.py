@@ -1,0 +1,327 @@
+"""Show that a change left the prepared data of quality reports identical: revalidation by prepared data.
+
+A bench_quality report depends on `covidxray prepare` (MEASURES names its
+code), but part of that code reaches the figures only through the data folder
+prepare writes (PREPARED_VIA in scripts/bench_quality.py). When only such paths
+changed from commit --from to commit --to, this script runs every prepare the
+report's recorded command runs (bench_quality.prepare_commands) at both
+commits, each in a detached git worktree of its commit (.venv linked in), into
+an empty data folder (so with an empty decode cache: it lives in
+<data-dir>/cache) and with an empty HOME and XDG cache, and compares digests of
+what each wrote: every file of the data folder, manifest.json without the
+fields that differ between two prepares at one commit, the decode cache by its
+rows. When every digest is equal, a record goes into docs/bench/revalidated.toml
+and scripts/stale_benchmarks.py counts the report fresh across that change;
+otherwise nothing is written and the first difference is named.
+
+Each (commit, prepare) output and its digest stays in --workdir, so a later
+run for another --to reuses the --from side. --from equal to --to prepares
+twice at that commit (a determinism check) and records nothing.
+
+    python scripts/revalidate_prepared.py --from eba4b92 --to abc1234 --workdir /work/scratch/reval
+    python scripts/revalidate_prepared.py --prepare-only eba4b92 --workdir /work/scratch/reval   # the --from side ahead
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import bench_quality
+import stale_benchmarks
+
+REPO = Path(__file__).resolve().parents[1]
+QUALITY = REPO / "scripts" / "bench_quality.py"
+DATA_DIR = "<data-dir>"  # the --data-dir of a recorded prepare command: each commit writes its own folder
+# manifest.json keys that differ between two prepares of the same data at the same commit (found by running the
+# determinism check): prepare's wall time, and the checksum over the manifest, which includes it.
+VOLATILE_MANIFEST_KEYS = ("seconds", "checksum")
+SQLITE_SIDE_FILES = ("-wal", "-shm")  # SQLite's journal beside a database: its content is in the database's rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """One prepare's output at one commit: its digest per file of the data folder, and its normalised manifest."""
+
+    command: str  # with DATA_DIR for its --data-dir
+    files: dict[str, str]  # path in the data folder -> sha256 of its (normalised) content
+    manifest: dict
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.files, sort_keys=True).encode()).hexdigest()
+
+
+# --- the prepares of a report --------------------------------------------------------------------------
+
+
+def recorded_prepares(report: dict, inputs: Path, data_root: Path) -> list[list[str]]:
+    """The prepare commands of the report's recorded bench_quality command, its --workdir (where subsampled copies
+    are made) replaced by `inputs` and its --data-root by `data_root` (both are this machine's places)."""
+    words = shlex.split(report["command"])
+    script = next(i for i, word in enumerate(words) if word.endswith("bench_quality.py"))
+    argv = [*words[script + 1 :], "--workdir", str(inputs), "--data-root", str(data_root)]
+    return bench_quality.prepare_commands(bench_quality.quality_bench().parse(bench_quality.QUICK_DEFAULTS, argv))
+
+
+def with_data_dir(command: list[str], data_dir: str) -> list[str]:
+    at = command.index("--data-dir") + 1
+    return [*command[:at], data_dir, *command[at + 1 :]]
+
+
+def shown(command: list[str]) -> str:
+    """The command as recorded: `covidxray prepare ... --data-dir <data-dir>` (the executable is each commit's)."""
+    return shlex.join(["covidxray", *with_data_dir(command, DATA_DIR)[1:]])
+
+
+# --- worktrees and prepares ----------------------------------------------------------------------------
+
+
+def resolve(commit: str) -> str:
+    sha = stale_benchmarks.git(REPO, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}").stdout.strip()
+    if not sha:
+        sys.exit(f"{commit!r} is not a commit of {REPO}")
+    return sha
+
+
+def worktree(sha: str, workdir: Path) -> Path:
+    """A detached, clean worktree of `sha` under `workdir`, with this checkout's .venv linked in; made once."""
+    tree = workdir / "trees" / sha
+    if not tree.is_dir():
+        checked(["git", "worktree", "add", "--detach", str(tree), sha], REPO)
+        (tree / ".venv").symlink_to((REPO / ".venv").resolve())
+    head = stale_benchmarks.git(tree, "rev-parse", "HEAD").stdout.strip()
+    dirty = stale_benchmarks.git(tree, "status", "--porcelain", "--untracked-files=no").stdout.strip()
+    if head != sha or dirty:
+        sys.exit(f"{tree} is not a clean checkout of {sha}: remove it (git worktree remove --force {tree})")
+    return tree
+
+
+def checked(command: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, **kwargs)
+    if result.returncode:
+        sys.exit(f"failed ({result.returncode}): {shlex.join(command)}\n{result.stderr[-4000:]}")
+    return result
+
+
+def clean_environment(tree: Path, home: Path) -> dict[str, str]:
+    """The tree's covidxray first on the path (the venv's editable install points elsewhere), and an empty HOME and
+    XDG cache, so that no cache outside the data folder is shared between commits or runs."""
+    for folder in (home, home / "cache"):
+        folder.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "PYTHONPATH": str(tree), "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache")}
+
+
+def require_own_code(tree: Path, env: dict[str, str]) -> None:
+    """Refuse to prepare unless `import covidxray` in the tree's venv loads the tree's own package."""
+    probe = [str(tree / ".venv" / "bin" / "python"), "-c", "import covidxray; print(covidxray.__file__)"]
+    loaded = Path(checked(probe, tree, env=env).stdout.strip()).resolve()
+    if not loaded.is_relative_to(tree.resolve()):
+        sys.exit(f"in {tree}, covidxray is imported from {loaded}, not from the worktree")
+
+
+def prepared(sha: str, command: list[str], workdir: Path, slot_suffix: str = "") -> Prepared:
+    """`command` run at `sha` into a fresh data folder and digested; the output of an earlier run when complete."""
+    key = hashlib.sha256(shown(command).encode()).hexdigest()[:16]
+    slot = workdir / "prepared" / sha / (key + slot_suffix)
+    result = slot / "digest.json"
+    if result.is_file():
+        return Prepared(**json.loads(result.read_text()))
+    if slot.exists():  # an interrupted run: its decode cache and shards must not be reused
+        shutil.rmtree(slot)
+    tree = worktree(sha, workdir)
+    env = clean_environment(tree, slot / "home")
+    require_own_code(tree, env)
+    data_dir = slot / "data"
+    covidxray = str(tree / ".venv" / "bin" / "covidxray")
+    print(f"{sha[:7]}: {shown(command)}", flush=True)
+    with open(slot / "prepare.log", "w") as log:
+        code = subprocess.run(
+            [covidxray, *with_data_dir(command, str(data_dir))[1:]], cwd=tree, env=env, stdout=log, stderr=log
+        ).returncode
+    if code:
+        sys.exit(f"prepare failed ({code}) at {sha[:7]}, see {slot / 'prepare.log'}")
+    outcome = digest_data_dir(data_dir, shown(command))
+    result.write_text(json.dumps(dataclasses.asdict(outcome), indent=1))
+    return outcome
+
+
+# --- digests -------------------------------------------------------------------------------------------
+
+
+def digest_data_dir(data_dir: Path, command: str) -> Prepared:
+    files = {
+        str(path.relative_to(data_dir)): file_digest(path, data_dir)
+        for path in sorted(data_dir.rglob("*"))
+        if path.is_file() and not path.name.endswith(SQLITE_SIDE_FILES)
+    }
+    return Prepared(command, files, normalised_manifest(data_dir))
+
+
+def file_digest(path: Path, data_dir: Path) -> str:
+    if path.name == "manifest.json":
+        content = json.dumps(normalised_manifest(data_dir), sort_keys=True).encode()
+    elif path.suffix == ".sqlite":
+        content = database_rows(path)
+    else:
+        content = path.read_bytes()
+    return hashlib.sha256(content).hexdigest()
+
+
+def normalised_manifest(data_dir: Path) -> dict:
+    """manifest.json without its volatile keys, the data folder's own path written as DATA_DIR."""
+    text = (data_dir / "manifest.json").read_text().replace(json.dumps(str(data_dir))[1:-1], DATA_DIR)
+    manifest = json.loads(text)
+    for key in VOLATILE_MANIFEST_KEYS:
+        manifest.pop(key, None)
+    return manifest
+
+
+def database_rows(path: Path) -> bytes:
+    """Every table's rows, sorted: what a reader gets (the file's bytes also hold page layout and free space)."""
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        return repr([(table, sorted(db.execute(f'SELECT * FROM "{table}"'))) for table in tables]).encode()
+
+
+def first_difference(before: Prepared, after: Prepared) -> str:
+    """Where two outputs of one prepare first differ: a file present on one side only or with other content, and
+    for manifest.json its first differing key."""
+    for name in sorted(set(before.files) | set(after.files)):
+        if before.files.get(name) != after.files.get(name):
+            if name not in before.files or name not in after.files:
+                return f"{name} only at {'--to' if name in after.files else '--from'}"
+            if name == "manifest.json":
+                return f"manifest.json key {differing_key(before.manifest, after.manifest)}"
+            return f"{name} differs"
+    return "nothing"
+
+
+def differing_key(before, after, where: str = "") -> str:
+    if isinstance(before, dict) and isinstance(after, dict):
+        for key in sorted(set(before) | set(after)):
+            if before.get(key) != after.get(key):
+                return differing_key(before.get(key), after.get(key), f"{where}.{key}" if where else key)
+    return f"{where}: {json.dumps(before)[:200]} -> {json.dumps(after)[:200]}"
+
+
+# --- reports -------------------------------------------------------------------------------------------
+
+
+def quality_report(name: str) -> dict:
+    report = json.loads((REPO / stale_benchmarks.REPORTS / name).read_text())
+    if report["benchmark"] != "quality":
+        sys.exit(f"{name} is a bench_{report['benchmark']} report: only bench_quality declares its prepares")
+    return report
+
+
+def fresh_quality_reports() -> list[str]:
+    """Every bench_quality report that is fresh now (the ones worth carrying across a change)."""
+    stale = {item.report for item in stale_benchmarks.stale_reports(REPO)}
+    paths = sorted((REPO / stale_benchmarks.REPORTS).glob("*.json"))
+    return [
+        path.name for path in paths if path.name not in stale and json.loads(path.read_text())["benchmark"] == "quality"
+    ]
+
+
+def refusal(report: dict, name: str, old: str, new: str) -> str | None:
+    """Why prepared data cannot vouch for `report` across `old`..`new`, or None: the report must be fresh at `old`
+    (directly or through earlier records), and every measured path that changed must be in PREPARED_VIA."""
+    measures = stale_benchmarks.declared_measures(QUALITY)
+    prepared_via = stale_benchmarks.declared_prepared_via(QUALITY)
+    commit = report["environment"].get("git_commit", "")
+    records = [r for r in stale_benchmarks.revalidations(REPO).get(name, []) if r.get("command") == report["command"]]
+    reaches = stale_benchmarks.changed_between(REPO, commit, old, measures) == () or (
+        stale_benchmarks.revalidation_chain(REPO, commit, measures, prepared_via, records, old)
+    )
+    if not reaches:
+        return f"it is not fresh at {old[:7]} (measured at {commit or 'no commit'})"
+    outside = [p for p in changed_paths(old, new) if not stale_benchmarks.within(p, prepared_via)]
+    if outside:
+        return f"{', '.join(outside)} changed and reach the figures other than through the prepared data"
+    return None
+
+
+def changed_paths(old: str, new: str) -> tuple[str, ...]:
+    return stale_benchmarks.changed_between(REPO, old, new, stale_benchmarks.declared_measures(QUALITY)) or ()
+
+
+def revalidate(name: str, old: str, new: str, args: argparse.Namespace) -> bool:
+    """Prepare the report's data at both commits; record the revalidation when every digest is equal."""
+    report = quality_report(name)
+    why_not = refusal(report, name, old, new)
+    if why_not:
+        print(f"{name}: not revalidated, {why_not}")
+        return False
+    commands = recorded_prepares(report, args.workdir / "inputs", args.data_root)
+    pairs = [
+        (prepared(old, command, args.workdir), prepared(new, command, args.workdir, "-again" if old == new else ""))
+        for command in commands
+    ]
+    differing = [(before, after) for before, after in pairs if before.digest != after.digest]
+    for before, after in differing:
+        print(f"{name}: DIFFERS: {before.command}: first at {first_difference(before, after)}")
+    if differing:
+        return False
+    print(f"{name}: every prepared data folder identical at {old[:7]} and {new[:7]} ({len(pairs)} prepare(s))")
+    if old != new:  # the same commit twice only shows that prepare is deterministic
+        record(name, report, old, new, [before for before, _ in pairs])
+    return True
+
+
+def record(name: str, report: dict, old: str, new: str, outputs: list[Prepared]) -> None:
+    entry = {
+        "from": old,
+        "to": new,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": report["command"],
+        "changed": list(changed_paths(old, new)),
+        "prepares": [output.command for output in outputs],
+        "digests": [output.digest for output in outputs],
+    }
+    with open(REPO / stale_benchmarks.REVALIDATED, "a") as handle:
+        handle.write(stale_benchmarks.revalidation_toml(name, entry))
+    print(f"{name}: recorded in {stale_benchmarks.REVALIDATED}")
+
+
+def prepare_only(name: str, sha: str, args: argparse.Namespace) -> None:
+    commands = recorded_prepares(quality_report(name), args.workdir / "inputs", args.data_root)
+    for command in commands:
+        print(f"{name}: {prepared(sha, command, args.workdir).digest[:16]} {shown(command)}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--from", dest="old", help="the commit the reports are fresh at")
+    parser.add_argument("--to", dest="new", help="the commit to carry them to")
+    parser.add_argument("--prepare-only", metavar="COMMIT", help="only prepare and digest at COMMIT (the --from side)")
+    parser.add_argument("--reports", nargs="+", help="report files in docs/bench (default: every fresh quality report)")
+    parser.add_argument("--workdir", type=Path, required=True, help="worktrees, prepared data and digests (reused)")
+    parser.add_argument("--data-root", type=Path, default=REPO.parent / "shared" / "data", help="the source folders")
+    args = parser.parse_args()
+    if not args.prepare_only and not (args.old and args.new):
+        parser.error("give --from and --to, or --prepare-only")
+    args.workdir = args.workdir.resolve()
+    reports = args.reports or fresh_quality_reports()
+    if args.prepare_only:
+        sha = resolve(args.prepare_only)
+        for name in reports:
+            prepare_only(name, sha, args)
+        return
+    old, new = resolve(args.old), resolve(args.new)
+    failed = [name for name in reports if not revalidate(name, old, new, args)]
+    sys.exit(f"not revalidated: {', '.join(failed)}" if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
