@@ -19,6 +19,9 @@ import stale_benchmarks  # noqa: E402
 FAKE_BENCH = '''"""A benchmark of pkg."""
 MEASURES = ("pkg/measured.py", "pkg/sub")
 '''
+# the same benchmark, pkg/sub reaching its figures only through the data its prepare step writes
+PREPARED_BENCH = FAKE_BENCH + 'PREPARED_VIA = ("pkg/sub",)\n'
+FAKE_COMMAND = ".venv/bin/python scripts/bench_fake.py --out /tmp/x/fake.json"
 
 
 def git(repo, *args: str) -> str:
@@ -36,7 +39,7 @@ def write(repo, path: str, text: str) -> None:
     (repo / path).write_text(text)
 
 
-def write_report(repo, commit: str, command: str = ".venv/bin/python scripts/bench_fake.py --out /tmp/x/fake.json"):
+def write_report(repo, commit: str, command: str = FAKE_COMMAND):
     report = {"benchmark": "fake", "command": command, "environment": {"git_commit": commit}}
     write(repo, "docs/bench/fake.json", json.dumps(report))
 
@@ -120,6 +123,98 @@ def test_the_stale_line_names_the_benchmark_and_the_command_to_rerun(repo):
     assert item.line().endswith(f"re-run: {item.rerun}")
 
 
+def write_revalidation(repo, old: str, new: str, command: str = FAKE_COMMAND) -> None:
+    """What scripts/revalidate_prepared.py appends once every prepare wrote the same data at `old` and `new`."""
+    record = {"from": old, "to": new, "command": command, "digests": ["0" * 64]}
+    with open(repo / stale_benchmarks.REVALIDATED, "a") as handle:
+        handle.write(stale_benchmarks.revalidation_toml("fake.json", record))
+
+
+def revalidated(repo) -> dict[str, list[tuple[str, str]]]:
+    _, fresh_through = stale_benchmarks.assess_reports(repo)
+    return {item.report: [(r["from"], r["to"]) for r in item.chain] for item in fresh_through}
+
+
+@pytest.fixture
+def measured(repo) -> str:
+    """The commit a report of the benchmark with PREPARED_VIA (pkg/sub) was measured at, committed with it."""
+    write(repo, "scripts/bench_fake.py", PREPARED_BENCH)
+    commit = commit_all(repo, "code")
+    write_report(repo, commit)
+    commit_all(repo, "report")
+    return commit
+
+
+def test_a_change_within_prepared_via_is_fresh_through_a_revalidation_record(repo, measured):
+    write(repo, "pkg/sub/inner.py", "VALUE = 2\n")
+    faster = commit_all(repo, "faster prepare, the same data")
+    assert stale(repo) == {"fake.json": ("pkg/sub/inner.py",)}  # no record: stale
+    write_revalidation(repo, measured, faster, command="scripts/bench_fake.py --another-recipe")
+    assert stale(repo) == {"fake.json": ("pkg/sub/inner.py",)}  # a record of another command vouches for nothing
+    write_revalidation(repo, measured, faster)
+    assert stale(repo) == {}
+    assert revalidated(repo) == {"fake.json": [(measured, faster)]}
+    [item] = stale_benchmarks.assess_reports(repo)[1]
+    assert item.line().startswith(f"fake.json (bench_fake) measured at {measured} is fresh through revalidation")
+    write(repo, "pkg/sub/inner.py", "# why\nVALUE = (\n    2\n)\n")
+    assert stale(repo) == {}  # after the record's `to`, formatting and comments still count as unchanged
+
+
+def test_records_chain_from_the_report_to_the_working_tree(repo, measured):
+    write(repo, "pkg/other.py", "VALUE = 2\n")
+    unmeasured = commit_all(repo, "code the benchmark does not measure")
+    write(repo, "pkg/sub/inner.py", "VALUE = 2\n")
+    first = commit_all(repo, "faster prepare")
+    write(repo, "pkg/sub/inner.py", "VALUE = 3\n")
+    second = commit_all(repo, "faster still")
+    write_revalidation(repo, first, second)
+    assert set(stale(repo)) == {"fake.json"}  # nothing carries the report from its commit to `first`
+    write_revalidation(repo, unmeasured, first)  # `from` has the report's tree: the chain holds
+    assert stale(repo) == {}
+    assert revalidated(repo) == {"fake.json": [(unmeasured, first), (first, second)]}
+
+
+def test_a_change_outside_prepared_via_is_stale_despite_a_record(repo, measured):
+    write(repo, "pkg/sub/inner.py", "VALUE = 2\n")
+    write(repo, "pkg/measured.py", "VALUE = 2\n")  # reaches the figures other than through prepared data
+    both = commit_all(repo, "faster prepare and a measured change")
+    write_revalidation(repo, measured, both)
+    assert stale(repo) == {"fake.json": ("pkg/measured.py", "pkg/sub/inner.py")}
+    assert revalidated(repo) == {}
+
+
+def test_a_change_after_the_records_to_is_stale(repo, measured):
+    write(repo, "pkg/sub/inner.py", "VALUE = 2\n")
+    faster = commit_all(repo, "faster prepare")
+    write_revalidation(repo, measured, faster)
+    assert stale(repo) == {}
+    write(repo, "pkg/sub/inner.py", "VALUE = 3\n")  # within PREPARED_VIA, but no record shows the same data
+    assert stale(repo) == {"fake.json": ("pkg/sub/inner.py",)}
+    write(repo, "pkg/sub/inner.py", "VALUE = 2\n")
+    write(repo, "pkg/measured.py", "VALUE = 2\n")
+    assert stale(repo) == {"fake.json": ("pkg/measured.py", "pkg/sub/inner.py")}
+
+
+def test_a_record_from_another_tree_than_the_reports_is_stale(repo, measured):
+    write(repo, "pkg/measured.py", "VALUE = 2\n")
+    elsewhere = commit_all(repo, "a measured change after the report")
+    write(repo, "pkg/sub/inner.py", "VALUE = 2\n")
+    faster = commit_all(repo, "faster prepare")
+    write_revalidation(repo, elsewhere, faster)  # its `from` is not the code the report measured
+    assert stale(repo) == {"fake.json": ("pkg/measured.py", "pkg/sub/inner.py")}
+    write_revalidation(repo, "0123abc", faster)  # nor is an unknown commit
+    assert set(stale(repo)) == {"fake.json"}
+
+
+def test_prepared_via_outside_measures_is_refused(repo):
+    write(repo, "scripts/bench_fake.py", FAKE_BENCH + 'PREPARED_VIA = ("pkg/other.py",)\n')
+    commit = commit_all(repo, "code")
+    write(repo, "pkg/measured.py", "VALUE = 2\n")
+    write_report(repo, commit)
+    with pytest.raises(ValueError, match="PREPARED_VIA names pkg/other.py, which MEASURES does not cover"):
+        stale_benchmarks.stale_reports(repo)
+
+
 def test_a_bench_without_measures_is_refused(repo):
     write(repo, "scripts/bench_fake.py", '"""A benchmark that forgot."""\nOTHER = ("pkg",)\n')
     write_report(repo, commit_all(repo, "code"))
@@ -138,7 +233,8 @@ def test_every_benchmark_declares_paths_that_exist():
     scripts = sorted((REPO / "scripts").glob("bench_*.py"))
     assert scripts
     for script in scripts:
-        for path in stale_benchmarks.declared_measures(script):
+        declared = stale_benchmarks.declared_measures(script) + stale_benchmarks.declared_prepared_via(script)
+        for path in declared:
             assert (REPO / path).exists(), f"{script.name} declares {path}, which does not exist"
 
 
