@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -255,3 +256,38 @@ def test_no_report_is_stale_unless_known():
     assert not new, "re-run these benchmarks (or list them in docs/bench/known_stale.toml with why):\n" + "\n".join(new)
     fresh_again = sorted(set(known) - {item.report for item in stale})
     assert not fresh_again, f"fresh again, remove from {stale_benchmarks.KNOWN_STALE}: {', '.join(fresh_again)}"
+
+
+def test_the_prepares_a_leave_one_out_report_runs_are_spelled_once(tmp_path):
+    """bench_quality.prepare_commands, which the benchmark runs and scripts/revalidate_prepared.py replays."""
+    import bench_quality
+
+    data_root = tmp_path / "data"
+    for folder in bench_quality.FULL_COLLECTIONS.values():
+        (data_root / folder).mkdir(parents=True)
+    recorded = ["--recipe", "chest3-loso", "--image-size", "128", "--set", "train.degrade=0.5", "--set", "data.seed=3"]
+    workdir = tmp_path / "work"
+    args = bench_quality.quality_bench().parse(
+        bench_quality.QUICK_DEFAULTS, [*recorded, "--workdir", str(workdir), "--data-root", str(data_root)]
+    )
+    commands = bench_quality.prepare_commands(args)
+
+    def option(command: list[str], name: str) -> list[str]:
+        return [command[i + 1] for i, word in enumerate(command) if word == name]
+
+    kaggle = workdir / "subsets" / "chest-xray-pneumonia-224-every3"  # every 3rd film, in training folds only
+    ieee, talo = (data_root / bench_quality.FULL_COLLECTIONS[name] for name in ("covid-chestxray", "covid19-talo"))
+    assert [option(c, "--source") for c in commands] == [
+        [f"chest-xray-pneumonia={kaggle}", f"covid19-talo={talo}"],
+        [f"covid-chestxray={ieee}"],
+        [f"covid-chestxray={ieee}", f"covid19-talo={talo}"],
+        [f"chest-xray-pneumonia={data_root / 'chest-xray-pneumonia-224'}"],
+        [f"covid-chestxray={ieee}", f"chest-xray-pneumonia={kaggle}"],
+        [f"covid19-talo={talo}"],
+    ]
+    assert [option(c, "--task") for c in commands] == [["pneumonia"]] * 2 + [["chest3"]] * 4
+    assert all(option(c, "--set") == ["data.seed=3"] and option(c, "--image-size") == ["128"] for c in commands)
+    assert [Path(option(c, "--data-dir")[0]).name for c in commands[:2]] == [
+        "without-covid-chestxray-pneumonia",
+        "only-covid-chestxray-pneumonia",
+    ]
