@@ -25,8 +25,10 @@ twice at that commit (a determinism check) and records nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
+import fcntl
 import hashlib
 import json
 import os
@@ -97,14 +99,25 @@ def resolve(commit: str) -> str:
 def worktree(sha: str, workdir: Path) -> Path:
     """A detached, clean worktree of `sha` under `workdir`, with this checkout's .venv linked in; made once."""
     tree = workdir / "trees" / sha
-    if not tree.is_dir():
-        checked(["git", "worktree", "add", "--detach", str(tree), sha], REPO)
-        (tree / ".venv").symlink_to((REPO / ".venv").resolve())
+    with locked(tree):
+        if not tree.is_dir():
+            checked(["git", "worktree", "add", "--detach", str(tree), sha], REPO)
+            (tree / ".venv").symlink_to((REPO / ".venv").resolve())
     head = stale_benchmarks.git(tree, "rev-parse", "HEAD").stdout.strip()
     dirty = stale_benchmarks.git(tree, "status", "--porcelain", "--untracked-files=no").stdout.strip()
     if head != sha or dirty:
         sys.exit(f"{tree} is not a clean checkout of {sha}: remove it (git worktree remove --force {tree})")
     return tree
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """Hold `path`.lock: two runs sharing --workdir (the --from side prepared ahead while another revalidates) never
+    build the same worktree or data folder at once, nor clear one the other is writing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def checked(command: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
@@ -125,7 +138,8 @@ def clean_environment(tree: Path, home: Path) -> dict[str, str]:
 def require_own_code(tree: Path, env: dict[str, str]) -> None:
     """Refuse to prepare unless `import covidxray` in the tree's venv loads the tree's own package."""
     probe = [str(tree / ".venv" / "bin" / "python"), "-c", "import covidxray; print(covidxray.__file__)"]
-    loaded = Path(checked(probe, tree, env=env).stdout.strip()).resolve()
+    # run outside the tree, as the covidxray script runs: only PYTHONPATH can make the tree's package win
+    loaded = Path(checked(probe, Path(env["HOME"]), env=env).stdout.strip()).resolve()
     if not loaded.is_relative_to(tree.resolve()):
         sys.exit(f"in {tree}, covidxray is imported from {loaded}, not from the worktree")
 
@@ -134,6 +148,11 @@ def prepared(sha: str, command: list[str], workdir: Path, slot_suffix: str = "")
     """`command` run at `sha` into a fresh data folder and digested; the output of an earlier run when complete."""
     key = hashlib.sha256(shown(command).encode()).hexdigest()[:16]
     slot = workdir / "prepared" / sha / (key + slot_suffix)
+    with locked(slot):
+        return _prepared_in(slot, sha, command, workdir)
+
+
+def _prepared_in(slot: Path, sha: str, command: list[str], workdir: Path) -> Prepared:
     result = slot / "digest.json"
     if result.is_file():
         return Prepared(**json.loads(result.read_text()))
