@@ -227,10 +227,15 @@ def first_difference(before: Prepared, after: Prepared) -> str:
 
 
 def differing_key(before, after, where: str = "") -> str:
+    """The first key (`splits.train.records`, `shards[2].sha256`) whose values differ, with both values."""
     if isinstance(before, dict) and isinstance(after, dict):
         for key in sorted(set(before) | set(after)):
             if before.get(key) != after.get(key):
                 return differing_key(before.get(key), after.get(key), f"{where}.{key}" if where else key)
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        for index, (one, other) in enumerate(zip(before, after)):
+            if one != other:
+                return differing_key(one, other, f"{where}[{index}]")
     return f"{where}: {json.dumps(before)[:200]} -> {json.dumps(after)[:200]}"
 
 
