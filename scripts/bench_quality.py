@@ -50,20 +50,30 @@ MEASURES = (
     "covidxray/train",
     "covidxray/export/source_profile.py",
 )
-# The part of MEASURES that reaches the figures only through the data folder `covidxray prepare` writes: no
-# module of it is imported by train, evaluate (--external included) or this script after its prepares, directly
-# or through another module. Left out, as the training side imports them: covidxray/data/__init__.py, labels.py
-# (the task's classes), tfrecord.py (reading shards), dedup.py, near_duplicates.py and image_cache.py (evaluate
-# --external's copy check), edge/preprocess.py (train checks PREPROCESSING_VERSION; the copy check decodes) and
-# edge/harmonise.py (the config's choices). covidxray/sources is imported only by prepare, audit and other
-# commands (`covidxray sources`, `report`, `weights download`) that this benchmark does not run.
-# scripts/revalidate_prepared.py shows a change of these paths left every prepared data folder identical.
+# The part of MEASURES that reaches the figures only through what scripts/revalidate_prepared.py digests at two
+# commits: the data folder `covidxray prepare` writes and, for leave-one-out recipes, the outcome of `evaluate
+# --external`'s copy check. Train, evaluate (--external included) and this script after its prepares take from these
+# modules only the names tests/test_prepared_via.py allows, directly or through another module. Left out, as the
+# training side uses them otherwise: covidxray/data/__init__.py, labels.py (the task's classes), tfrecord.py
+# (reading shards) and edge/harmonise.py (the config's choices).
 PREPARED_VIA = (
+    # run by prepare only
     "covidxray/data/prepare.py",
     "covidxray/data/split.py",
     "covidxray/data/audit.py",
     "covidxray/data/composition.py",
+    # the source adapters: besides prepare only commands this benchmark does not run import them (`covidxray sources`,
+    # `report`, `weights download`: train/weights.py's download_weights)
     "covidxray/sources",
+    # (a) train takes only PREPROCESSING_VERSION from it (into the model card, which evaluate --external checks
+    # against the held-out manifest), and prepare records the same constant in manifest.json ("preprocessing"), so a
+    # change of it shows in the digests; (b) the copy check decodes through it on a decode cache miss
+    "covidxray/edge/preprocess.py",
+    # (b) evaluate --external's copy check (covidxray/train/external.py find_copies: dedup.matches over the decode
+    # caches, ImageCache and cache_path) on the fold's two prepared folders; its outcome is digested at both commits
+    "covidxray/data/dedup.py",
+    "covidxray/data/near_duplicates.py",
+    "covidxray/data/image_cache.py",
 )
 
 # The three real collections in full (ieee8023's whole Aug-2020 snapshot, all of Kaggle, the NIH half of talo)
@@ -347,11 +357,28 @@ def run_prepare(command: list[str]) -> None:
 def prepare_commands(args) -> list[list[str]]:
     """Every `covidxray prepare` a run with `args` does, in order (scripts/revalidate_prepared.py re-runs them).
     The subsampled copies they read are made under --workdir on the way."""
+    return prepares_and_copy_checks(args)[0]
+
+
+def prepares_and_copy_checks(args) -> tuple[list[list[str]], list[tuple[Path, Path]]]:
+    """prepare_commands, and the (training, held-out) data folders of every `covidxray evaluate --external` the run
+    does (run_fold's: its copy check, covidxray/train/external.py find_copies, reads both); each folder is the
+    --data-dir of one of the prepares. scripts/revalidate_prepared.py re-runs both. Call it once per `args`: under
+    --quick the plan moves --data-root."""
     recipe = RECIPES[args.recipe]
     if not recipe.get("leave_one_out"):
-        return [recipe_prepare(args, recipe)]
+        return [recipe_prepare(args, recipe)], []
     plan = loso_plan(args, recipe)
-    return [command for held in plan.held_out for command in fold_prepares(args, plan, held)]
+    commands = [command for held in plan.held_out for command in fold_prepares(args, plan, held)]
+    return commands, [fold_data(plan.recipe, held, plan.root)[1:] for held in plan.held_out]
+
+
+def external_evaluate(training_dir: Path, run_dir: Path, held_dir: Path) -> list[str]:
+    """A fold's `covidxray evaluate --external`. No --config: its data config is the defaults and these --set
+    overrides, which scripts/revalidate_prepared.py's copy check reads from here."""
+    return _bench.covidxray(
+        "evaluate", "--data-dir", str(training_dir), "--run-dir", str(run_dir), "--external", str(held_dir)
+    )
 
 
 def recipe_data_dir(args) -> Path:
@@ -412,12 +439,7 @@ def run_fold(args, plan: LosoPlan, held: str, runs: Path) -> dict:
     else:
         trained = measured_train(args, training_dir, run_dir)
         (run_dir / "bench_train.json").write_text(json.dumps({k: trained[k] for k in ("seconds", "peak_rss_mib")}))
-    evaluated = _bench.run(
-        _bench.covidxray(
-            "evaluate", "--data-dir", str(training_dir), "--run-dir", str(run_dir), "--external", str(held_dir)
-        ),
-        timeout=7200,
-    )
+    evaluated = _bench.run(external_evaluate(training_dir, run_dir, held_dir), timeout=7200)
     evaluation = read_evaluation_report(run_dir)
     (external,) = evaluation.external
     names = evaluation.labels

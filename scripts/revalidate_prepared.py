@@ -2,21 +2,32 @@
 
 A bench_quality report depends on `covidxray prepare` (MEASURES names its
 code), but part of that code reaches the figures only through the data folder
-prepare writes (PREPARED_VIA in scripts/bench_quality.py). When only such paths
-changed from commit --from to commit --to, this script runs every prepare the
-report's recorded command runs (bench_quality.prepare_commands) at both
-commits, each in a detached git worktree of its commit (.venv linked in), into
-an empty data folder (so with an empty decode cache: it lives in
+prepare writes, and for leave-one-out recipes through `evaluate --external`'s
+copy check on those folders (PREPARED_VIA in scripts/bench_quality.py). When
+only such paths changed from commit --from to commit --to, this script runs
+every prepare the report's recorded command runs (bench_quality.prepare_commands)
+at both commits, each in a detached git worktree of its commit (.venv linked
+in), into an empty data folder (so with an empty decode cache: it lives in
 <data-dir>/cache) and with an empty HOME and XDG cache, and compares digests of
 what each wrote: every file of the data folder, manifest.json without the
 fields that differ between two prepares at one commit, the decode cache by its
-rows. When every digest is equal, a record goes into docs/bench/revalidated.toml
-and scripts/stale_benchmarks.py counts the report fresh across that change;
-otherwise nothing is written and the first difference is named.
+rows. For every `evaluate --external` the command runs (a leave-one-out fold:
+bench_quality.prepares_and_copy_checks pairs its training and held-out
+folders) it also runs, at each commit in its worktree, that commit's copy
+check (covidxray.train.external.find_copies with the data config `covidxray
+evaluate` builds) on copies of the two folders that commit prepared (the
+check opens their decode caches read-write and stores what it decodes: the
+prepared folders stay as prepare wrote them), and compares the digest of its
+outcome: every copy found and every image it could not check, each field as a
+string, sorted. When every digest is equal, a record goes into
+docs/bench/revalidated.toml and scripts/stale_benchmarks.py counts the report
+fresh across that change; otherwise nothing is written and the first
+difference is named.
 
-Each (commit, prepare) output and its digest stays in --workdir, so a later
-run for another --to reuses the --from side. --from equal to --to prepares
-twice at that commit (a determinism check) and records nothing.
+Each (commit, prepare) output, each (commit, copy check) outcome and their
+digests stay in --workdir, so a later run for another --to reuses the --from
+side. --from equal to --to prepares and checks twice at that commit (a
+determinism check) and records nothing.
 
     python scripts/revalidate_prepared.py --from eba4b92 --to abc1234 --workdir /work/scratch/reval
     python scripts/revalidate_prepared.py --prepare-only eba4b92 --workdir /work/scratch/reval   # the --from side ahead
@@ -49,6 +60,32 @@ DATA_DIR = "<data-dir>"  # the --data-dir of a recorded prepare command: each co
 # determinism check): prepare's wall time, and the checksum over the manifest, which includes it.
 VOLATILE_MANIFEST_KEYS = ("seconds", "checksum")
 SQLITE_SIDE_FILES = ("-wal", "-shm")  # SQLite's journal beside a database: its content is in the database's rows
+TRAINING_DIR, HELD_OUT_DIR = "<training-dir>", "<held-out-dir>"  # the folders a copy check read, in its outcome
+# A fold's copy check, run by each commit's python in its worktree: argv = training folder, held-out folder, outcome
+# file, then the --set overrides of bench_quality's `covidxray evaluate --external`. The data config is the one that
+# command builds (cli.resolve: defaults, the --set overrides, --data-dir); the outcome is every Copy and every
+# unchecked Record with each field as a string (a Record's fields nested), each list sorted.
+COPY_CHECK = """
+import dataclasses, json, sys
+from covidxray.cli import resolve
+from covidxray.manifest import open_prepared
+from covidxray.train.external import find_copies
+
+training, held_out, out, *sets = sys.argv[1:]
+config = resolve(None, sets, data__data_dir=training)
+copies, unchecked = find_copies(open_prepared(training), open_prepared(held_out), config.data, log=print)
+
+def text(value):
+    if dataclasses.is_dataclass(value):
+        return {field.name: text(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    return str(value)
+
+def canonical(items):
+    return sorted((text(item) for item in items), key=lambda item: json.dumps(item, sort_keys=True))
+
+with open(out, "w") as handle:
+    json.dump({"copies": canonical(copies), "unchecked": canonical(unchecked)}, handle, sort_keys=True)
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,16 +101,52 @@ class Prepared:
         return hashlib.sha256(json.dumps(self.files, sort_keys=True).encode()).hexdigest()
 
 
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """One fold's `evaluate --external` copy check at one commit: what it found on the folders of two prepares."""
+
+    prepares: list[str]  # the training and the held-out prepare, as shown
+    overrides: list[str]  # the evaluate's --set overrides
+    outcome: dict  # COPY_CHECK's {"copies": [...], "unchecked": [...]}, the folders as TRAINING_DIR, HELD_OUT_DIR
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.outcome, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def name(self) -> str:
+        return " + ".join(self.prepares)
+
+
 # --- the prepares of a report --------------------------------------------------------------------------
 
 
-def recorded_prepares(report: dict, inputs: Path, data_root: Path) -> list[list[str]]:
-    """The prepare commands of the report's recorded bench_quality command, its --workdir (where subsampled copies
-    are made) replaced by `inputs` and its --data-root by `data_root` (both are this machine's places)."""
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    """What a report's recorded bench_quality command runs that this script replays."""
+
+    prepares: list[list[str]]
+    copy_checks: list[tuple[list[str], list[str]]]  # per `evaluate --external`: its training and held-out prepare
+
+
+def recorded_run(report: dict, inputs: Path, data_root: Path) -> Recorded:
+    """The prepare commands and copy checks of the report's recorded bench_quality command, its --workdir (where
+    subsampled copies are made) replaced by `inputs` and its --data-root by `data_root` (this machine's places)."""
     words = shlex.split(report["command"])
     script = next(i for i, word in enumerate(words) if word.endswith("bench_quality.py"))
     argv = [*words[script + 1 :], "--workdir", str(inputs), "--data-root", str(data_root)]
-    return bench_quality.prepare_commands(bench_quality.quality_bench().parse(bench_quality.QUICK_DEFAULTS, argv))
+    args = bench_quality.quality_bench().parse(bench_quality.QUICK_DEFAULTS, argv)
+    commands, folders = bench_quality.prepares_and_copy_checks(args)
+    by_folder = {Path(command[command.index("--data-dir") + 1]): command for command in commands}
+    return Recorded(commands, [(by_folder[training], by_folder[held_out]) for training, held_out in folders])
+
+
+def evaluate_overrides() -> list[str]:
+    """The --set overrides of a fold's `covidxray evaluate --external` (bench_quality.external_evaluate)."""
+    words = bench_quality.external_evaluate(Path(TRAINING_DIR), Path("<run-dir>"), Path(HELD_OUT_DIR))
+    if "--config" in words:
+        sys.exit("bench_quality's evaluate --external takes a --config: its copy check cannot be replayed here")
+    return [words[i + 1] for i, word in enumerate(words) if word == "--set"]
 
 
 def with_data_dir(command: list[str], data_dir: str) -> list[str]:
@@ -144,10 +217,15 @@ def require_own_code(tree: Path, env: dict[str, str]) -> None:
         sys.exit(f"in {tree}, covidxray is imported from {loaded}, not from the worktree")
 
 
+def prepared_slot(sha: str, command: list[str], workdir: Path, slot_suffix: str = "") -> Path:
+    """Where `command` at `sha` writes its data folder (`slot`/data), log and digest."""
+    key = hashlib.sha256(shown(command).encode()).hexdigest()[:16]
+    return workdir / "prepared" / sha / (key + slot_suffix)
+
+
 def prepared(sha: str, command: list[str], workdir: Path, slot_suffix: str = "") -> Prepared:
     """`command` run at `sha` into a fresh data folder and digested; the output of an earlier run when complete."""
-    key = hashlib.sha256(shown(command).encode()).hexdigest()[:16]
-    slot = workdir / "prepared" / sha / (key + slot_suffix)
+    slot = prepared_slot(sha, command, workdir, slot_suffix)
     with locked(slot):
         return _prepared_in(slot, sha, command, workdir)
 
@@ -173,6 +251,76 @@ def _prepared_in(slot: Path, sha: str, command: list[str], workdir: Path) -> Pre
     outcome = digest_data_dir(data_dir, shown(command))
     result.write_text(json.dumps(dataclasses.asdict(outcome), indent=1))
     return outcome
+
+
+def copy_checked(
+    sha: str, prepares: tuple[list[str], list[str]], overrides: list[str], workdir: Path, slot_suffix: str = ""
+) -> Checked:
+    """The copy check of `sha` on copies of the folders its two `prepares` (training, held-out) wrote at `sha`, its
+    outcome canonical; the outcome of an earlier run when complete."""
+    for command in prepares:
+        prepared(sha, command, workdir, slot_suffix)  # made (or found complete) first
+    shown_prepares = [shown(command) for command in prepares]
+    key = hashlib.sha256(json.dumps([shown_prepares, overrides]).encode()).hexdigest()[:16]
+    slot = workdir / "copy-checks" / sha / (key + slot_suffix)
+    with locked(slot):
+        return _checked_in(slot, sha, prepares, overrides, workdir, slot_suffix)
+
+
+def _checked_in(
+    slot: Path, sha: str, prepares: tuple[list[str], list[str]], overrides: list[str], workdir: Path, slot_suffix: str
+) -> Checked:
+    result = slot / "outcome.json"
+    if result.is_file():
+        return Checked(**json.loads(result.read_text()))
+    if slot.exists():  # an interrupted run: its copies may hold what the check had decoded
+        shutil.rmtree(slot)
+    tree = worktree(sha, workdir)
+    env = {**clean_environment(tree, slot / "home"), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    require_own_code(tree, env)
+    # The check opens each folder's decode cache read-write (SQLite in WAL mode, storing whatever it decodes): it
+    # runs on copies, and the prepared folders, which other copy checks and digests read, are never opened by it.
+    copies = {TRAINING_DIR: slot / "training", HELD_OUT_DIR: slot / "held-out"}
+    originals = {}
+    for placeholder, command in zip(copies, prepares):
+        source = prepared_slot(sha, command, workdir, slot_suffix)
+        with locked(source):  # complete (its digest is written): only read, never cleared while held
+            originals[source / "data"] = listing(source / "data")
+            shutil.copytree(source / "data", copies[placeholder], symlinks=True)
+    raw = slot / "outcome.raw.json"
+    names = [shown(command) for command in prepares]
+    print(f"{sha[:7]}: copy check {' + '.join(names)}", flush=True)
+    python = str(tree / ".venv" / "bin" / "python")
+    with open(slot / "check.log", "w") as log:
+        code = subprocess.run(
+            [python, "-c", COPY_CHECK, *(str(folder) for folder in copies.values()), str(raw), *overrides],
+            cwd=tree,
+            env=env,
+            stdout=log,
+            stderr=log,
+        ).returncode
+    if code:
+        sys.exit(f"copy check failed ({code}) at {sha[:7]}, see {slot / 'check.log'}")
+    for folder, before in originals.items():
+        if listing(folder) != before:
+            sys.exit(f"{folder} changed during the copy check at {sha[:7]}: its digest no longer stands; remove it")
+    text = raw.read_text()
+    for placeholder, folder in copies.items():
+        text = text.replace(json.dumps(str(folder))[1:-1], placeholder)
+    outcome = Checked(names, overrides, json.loads(text))
+    result.write_text(json.dumps(dataclasses.asdict(outcome), indent=1))
+    for folder in copies.values():
+        shutil.rmtree(folder)
+    return outcome
+
+
+def listing(folder: Path) -> list[tuple[str, int, int]]:
+    """Every file under `folder` with its size and modification time: what any write would change."""
+    return [
+        (str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    ]
 
 
 # --- digests -------------------------------------------------------------------------------------------
@@ -223,6 +371,18 @@ def first_difference(before: Prepared, after: Prepared) -> str:
             if name == "manifest.json":
                 return f"manifest.json key {differing_key(before.manifest, after.manifest)}"
             return f"{name} differs"
+    return "nothing"
+
+
+def first_different_copy(before: Checked, after: Checked) -> str:
+    """Where two outcomes of one copy check first differ: how many copies or unchecked images, or the first entry."""
+    for part in ("copies", "unchecked"):
+        one, other = before.outcome[part], after.outcome[part]
+        for index, (mine, theirs) in enumerate(zip(one, other)):
+            if mine != theirs:
+                return f"{part}[{index}]: {json.dumps(mine)[:300]} -> {json.dumps(theirs)[:300]}"
+        if len(one) != len(other):
+            return f"{part}: {len(one)} -> {len(other)}"
     return "nothing"
 
 
@@ -287,23 +447,40 @@ def revalidate(name: str, old: str, new: str, args: argparse.Namespace) -> bool:
     if why_not:
         print(f"{name}: not revalidated, {why_not}")
         return False
-    commands = recorded_prepares(report, args.workdir / "inputs", args.data_root)
+    run = recorded_run(report, args.workdir / "inputs", args.data_root)
+    again = "-again" if old == new else ""
     pairs = [
-        (prepared(old, command, args.workdir), prepared(new, command, args.workdir, "-again" if old == new else ""))
-        for command in commands
+        (prepared(old, command, args.workdir), prepared(new, command, args.workdir, again)) for command in run.prepares
     ]
     differing = [(before, after) for before, after in pairs if before.digest != after.digest]
     for before, after in differing:
         print(f"{name}: DIFFERS: {before.command}: first at {first_difference(before, after)}")
     if differing:
         return False
-    print(f"{name}: every prepared data folder identical at {old[:7]} and {new[:7]} ({len(pairs)} prepare(s))")
-    if old != new:  # the same commit twice only shows that prepare is deterministic
-        record(name, report, old, new, [before for before, _ in pairs])
+    overrides = evaluate_overrides() if run.copy_checks else []
+    checks = [
+        (
+            copy_checked(old, prepares, overrides, args.workdir),
+            copy_checked(new, prepares, overrides, args.workdir, again),
+        )
+        for prepares in run.copy_checks
+    ]
+    different = [(before, after) for before, after in checks if before.digest != after.digest]
+    for before, after in different:
+        print(f"{name}: DIFFERS: copy check {before.name}: first at {first_different_copy(before, after)}")
+    if different:
+        return False
+    print(
+        f"{name}: every prepared data folder and copy check identical at {old[:7]} and {new[:7]} "
+        f"({len(pairs)} prepare(s), {len(checks)} copy check(s))"
+    )
+    if old != new:  # the same commit twice only shows that prepare and the check are deterministic
+        record(name, report, old, new, [before for before, _ in pairs], [before for before, _ in checks])
     return True
 
 
-def record(name: str, report: dict, old: str, new: str, outputs: list[Prepared]) -> None:
+def record(name: str, report: dict, old: str, new: str, outputs: list[Prepared], checks: list[Checked]) -> None:
+    commands = [output.command for output in outputs]
     entry = {
         "from": old,
         "to": new,
@@ -312,6 +489,9 @@ def record(name: str, report: dict, old: str, new: str, outputs: list[Prepared])
         "changed": list(changed_paths(old, new)),
         "prepares": [output.command for output in outputs],
         "digests": [output.digest for output in outputs],
+        # per `evaluate --external`: the prepares of its training and held-out folders, and its outcome's digest
+        "copy_checks": [" + ".join(f"prepares[{commands.index(p)}]" for p in check.prepares) for check in checks],
+        "copy_check_digests": [check.digest for check in checks],
     }
     with open(REPO / stale_benchmarks.REVALIDATED, "a") as handle:
         handle.write(stale_benchmarks.revalidation_toml(name, entry))
@@ -319,16 +499,22 @@ def record(name: str, report: dict, old: str, new: str, outputs: list[Prepared])
 
 
 def prepare_only(name: str, sha: str, args: argparse.Namespace) -> None:
-    commands = recorded_prepares(quality_report(name), args.workdir / "inputs", args.data_root)
-    for command in commands:
+    run = recorded_run(quality_report(name), args.workdir / "inputs", args.data_root)
+    for command in run.prepares:
         print(f"{name}: {prepared(sha, command, args.workdir).digest[:16]} {shown(command)}", flush=True)
+    overrides = evaluate_overrides() if run.copy_checks else []
+    for prepares in run.copy_checks:
+        checked = copy_checked(sha, prepares, overrides, args.workdir)
+        print(f"{name}: {checked.digest[:16]} copy check {checked.name}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--from", dest="old", help="the commit the reports are fresh at")
     parser.add_argument("--to", dest="new", help="the commit to carry them to")
-    parser.add_argument("--prepare-only", metavar="COMMIT", help="only prepare and digest at COMMIT (the --from side)")
+    parser.add_argument(
+        "--prepare-only", metavar="COMMIT", help="only prepare, copy-check and digest at COMMIT (the --from side)"
+    )
     parser.add_argument("--reports", nargs="+", help="report files in docs/bench (default: every fresh quality report)")
     parser.add_argument("--workdir", type=Path, required=True, help="worktrees, prepared data and digests (reused)")
     parser.add_argument("--data-root", type=Path, default=REPO.parent / "shared" / "data", help="the source folders")
