@@ -15,9 +15,11 @@ any other stale report and on a listed report that is fresh again.
 
 A script may also declare `PREPARED_VIA = (...)`: the part of its MEASURES
 whose effect on the figures passes only through the data folder `covidxray
-prepare` writes. docs/bench/revalidated.toml holds records written by
+prepare` writes (and, for bench_quality, the copy check `evaluate --external`
+runs on such folders). docs/bench/revalidated.toml holds records written by
 scripts/revalidate_prepared.py, each showing that every prepare a report runs
-wrote the same data at commit `from` as at commit `to`. A report whose measured
+wrote the same data, and every copy check found the same copies, at commit
+`from` as at commit `to`. A report whose measured
 paths changed is still fresh through a chain of such records (of its recorded
 command): measured paths unchanged from its commit to the first record's
 `from`, each record's changes within PREPARED_VIA, unchanged from one record's
@@ -117,7 +119,7 @@ def declared_measures(script: Path) -> tuple[str, ...]:
 
 def declared_prepared_via(script: Path) -> tuple[str, ...]:
     """The script's PREPARED_VIA (empty when it declares none): measured paths whose effect on the figures passes
-    only through the data folder `covidxray prepare` writes."""
+    only through what scripts/revalidate_prepared.py digests (the data folder `covidxray prepare` writes)."""
     prepared_via = _declared(script, "PREPARED_VIA") or ()
     measures = declared_measures(script)
     outside = [path for path in prepared_via if not within(path, measures)]

@@ -259,8 +259,9 @@ def test_no_report_is_stale_unless_known():
 
 
 def test_the_prepares_a_leave_one_out_report_runs_are_spelled_once(tmp_path):
-    """bench_quality.prepare_commands, which the benchmark runs and scripts/revalidate_prepared.py replays."""
+    """bench_quality.prepares_and_copy_checks, which the benchmark runs and scripts/revalidate_prepared.py replays."""
     import bench_quality
+    import revalidate_prepared
 
     data_root = tmp_path / "data"
     for folder in bench_quality.FULL_COLLECTIONS.values():
@@ -270,7 +271,7 @@ def test_the_prepares_a_leave_one_out_report_runs_are_spelled_once(tmp_path):
     args = bench_quality.quality_bench().parse(
         bench_quality.QUICK_DEFAULTS, [*recorded, "--workdir", str(workdir), "--data-root", str(data_root)]
     )
-    commands = bench_quality.prepare_commands(args)
+    commands, copy_checks = bench_quality.prepares_and_copy_checks(args)
 
     def option(command: list[str], name: str) -> list[str]:
         return [command[i + 1] for i, word in enumerate(command) if word == name]
@@ -291,3 +292,12 @@ def test_the_prepares_a_leave_one_out_report_runs_are_spelled_once(tmp_path):
         "without-covid-chestxray-pneumonia",
         "only-covid-chestxray-pneumonia",
     ]
+    # each fold's `evaluate --external` checks its held-out folder against its training folder for copies
+    assert copy_checks == [tuple(Path(option(c, "--data-dir")[0]) for c in commands[i : i + 2]) for i in (0, 2, 4)]
+    report = {"command": ".venv/bin/python scripts/bench_quality.py " + " ".join(recorded)}
+    replayed = revalidate_prepared.recorded_run(report, workdir, data_root)
+    assert replayed.prepares == commands
+    assert replayed.copy_checks == [(commands[i], commands[i + 1]) for i in (0, 2, 4)]
+    assert revalidate_prepared.evaluate_overrides() == []  # `evaluate --external` runs with the default data config
+    report = {"command": ".venv/bin/python scripts/bench_quality.py --recipe chest3-full --image-size 128"}
+    assert revalidate_prepared.recorded_run(report, workdir, data_root).copy_checks == []  # no evaluate --external
