@@ -56,6 +56,8 @@ import _bench
 MEASURES = (
     "covidxray/data",
     "covidxray/edge/preprocess.py",
+    "covidxray/edge/radiograph_gate.py",  # decode runs the gate on every image
+    "covidxray/edge/image_header.py",
     "covidxray/sources/covid19_talo.py",
     "covidxray/sources/covid_chestxray.py",  # the real collections of --source
     "covidxray/sources/chest_xray_pneumonia.py",

@@ -46,6 +46,8 @@ MEASURES = (
     "covidxray/data",
     "covidxray/sources",
     "covidxray/edge/preprocess.py",
+    "covidxray/edge/radiograph_gate.py",  # prepare's decode keeps or refuses each image by it
+    "covidxray/edge/image_header.py",  # prepare's decode reads the declared size and pixel limit from it
     "covidxray/edge/harmonise.py",
     "covidxray/train",
     "covidxray/export/source_profile.py",
@@ -69,6 +71,9 @@ PREPARED_VIA = (
     # against the held-out manifest), and prepare records the same constant in manifest.json ("preprocessing"), so a
     # change of it shows in the digests; (b) the copy check decodes through it on a decode cache miss
     "covidxray/edge/preprocess.py",
+    # run by prepare's decode only (and by (b)'s on a cache miss): the gate's verdicts and features are decode cache
+    # rows (image_header.py is not here: config.py takes its pixel limit as a default)
+    "covidxray/edge/radiograph_gate.py",
     # (b) evaluate --external's copy check (covidxray/train/external.py find_copies: dedup.matches over the decode
     # caches, ImageCache and cache_path) on the fold's two prepared folders; its outcome is digested at both commits
     "covidxray/data/dedup.py",
