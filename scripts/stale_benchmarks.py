@@ -8,8 +8,8 @@ A report is stale when the commit is missing or unknown to this repository, or
 when a declared path differs between that commit and the working tree. That is
 a tree comparison (`git diff`), so a report written on a branch that landed
 later is judged by what it measured, not by the history in between; a Python
-file whose syntax tree is unchanged (reformatted, other comments) counts as
-unchanged. docs/bench/known_stale.toml lists the reports known to be stale,
+file whose syntax tree is unchanged (reformatted, other comments), or a YAML
+file whose data is, counts as unchanged. docs/bench/known_stale.toml lists the reports known to be stale,
 each with why and what re-running it needs; tests/test_bench_fresh.py fails on
 any other stale report and on a listed report that is fresh again.
 
@@ -163,21 +163,23 @@ def changed_between(repo: Path, old: str, new: str | None, paths: tuple[str, ...
     if diff.returncode:
         raise RuntimeError(f"git diff {old} {new or ''} failed in {repo}: {diff.stderr.strip()}")
     changed = sorted(set(diff.stdout.split()))
-    python = [path for path in changed if path.endswith(".py")]
-    before = dict(zip(python, _blobs(repo, [f"{old}:{path}" for path in python])))
+    readable = [path for path in changed if Path(path).suffix in _MEANING]
+    before = dict(zip(readable, _blobs(repo, [f"{old}:{path}" for path in readable])))
     if new is WORKING_TREE:
-        after = {path: (repo / path).read_bytes() if (repo / path).is_file() else None for path in python}
+        after = {path: (repo / path).read_bytes() if (repo / path).is_file() else None for path in readable}
     else:
-        after = dict(zip(python, _blobs(repo, [f"{new}:{path}" for path in python])))
-    return tuple(path for path in changed if not _same_code(before.get(path), after.get(path)))
+        after = dict(zip(readable, _blobs(repo, [f"{new}:{path}" for path in readable])))
+    return tuple(path for path in changed if not _same_meaning(path, before.get(path), after.get(path)))
 
 
-def _same_code(before: bytes | None, after: bytes | None) -> bool:
-    """Python source whose syntax tree is unchanged: only its formatting or comments differ (a `ruff format` commit)."""
-    if before is None or after is None:
+def _same_meaning(path: str, before: bytes | None, after: bytes | None) -> bool:
+    """Python source whose syntax tree is unchanged, or YAML whose data is: only formatting or comments differ
+    (a `ruff format` commit, a config comment updated with a new measurement)."""
+    if before is None or after is None or Path(path).suffix not in _MEANING:
         return False
-    tree = _syntax_tree(before)
-    return tree is not None and tree == _syntax_tree(after)
+    meaning = _MEANING[Path(path).suffix]
+    reading = meaning(before)
+    return reading is not None and reading == meaning(after)
 
 
 def _blobs(repo: Path, specs: list[str]) -> list[bytes | None]:
@@ -208,6 +210,21 @@ def _syntax_tree(source: bytes) -> str | None:
         return ast.dump(ast.parse(source))
     except SyntaxError:
         return None
+
+
+@functools.cache
+def _yaml_data(source: bytes) -> str | None:
+    """The data of a YAML document (no formatting, no comments), as canonical JSON; None when it does not parse."""
+    import yaml  # the config loader's own dependency; imported here so listing reports needs nothing else
+
+    try:
+        return json.dumps(yaml.safe_load(source), sort_keys=True, default=str)
+    except yaml.YAMLError:
+        return None
+
+
+# Files whose meaning can be compared instead of their bytes, by suffix
+_MEANING = {".py": _syntax_tree, ".yaml": _yaml_data, ".yml": _yaml_data}
 
 
 def rerun_command(report: dict, report_path: Path) -> str:

@@ -89,6 +89,18 @@ def test_a_report_goes_stale_when_a_measured_file_changes(repo):
     assert stale(repo) == {"fake.json": ("pkg/measured.py", "pkg/sub/inner.py")}
 
 
+def test_a_yaml_config_counts_as_changed_only_when_its_data_does(repo):
+    write(repo, "scripts/bench_fake.py", FAKE_BENCH.replace('"pkg/sub")', '"pkg/sub", "configs/fake.yaml")'))
+    write(repo, "configs/fake.yaml", "train:\n  epochs: 60  # measured: 0.971\n")
+    write_report(repo, commit_all(repo, "a benchmark of a config"))
+    write(repo, "configs/fake.yaml", "train:\n  # measured twice: 0.971, then 0.962\n  epochs:   60\n")
+    assert stale(repo) == {}  # comments and layout: the same settings
+    write(repo, "configs/fake.yaml", "train:\n  epochs: '60'\n")
+    assert stale(repo) == {"fake.json": ("configs/fake.yaml",)}  # a string is not the number
+    write(repo, "configs/fake.yaml", "train: [\n")
+    assert stale(repo) == {"fake.json": ("configs/fake.yaml",)}  # no data to compare: any change counts
+
+
 def test_a_report_from_a_branch_is_judged_by_what_it_measured(repo):
     commit_all(repo, "code")
     git(repo, "switch", "-q", "-c", "faster")
