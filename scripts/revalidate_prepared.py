@@ -409,27 +409,32 @@ def quality_report(name: str) -> dict:
     return report
 
 
-def fresh_quality_reports() -> list[str]:
-    """Every bench_quality report that is fresh now (the ones worth carrying across a change)."""
-    stale = {item.report for item in stale_benchmarks.stale_reports(REPO)}
+def quality_reports_fresh_at(commit: str) -> list[str]:
+    """Every bench_quality report that describes the code at `commit` (the ones worth carrying from it): after a
+    change, the working tree's reports are stale until revalidated, so freshness is judged at the --from side."""
     paths = sorted((REPO / stale_benchmarks.REPORTS).glob("*.json"))
-    return [
-        path.name for path in paths if path.name not in stale and json.loads(path.read_text())["benchmark"] == "quality"
-    ]
+    names = [path.name for path in paths if json.loads(path.read_text())["benchmark"] == "quality"]
+    return [name for name in names if is_fresh_at(quality_report(name), name, commit)]
+
+
+def is_fresh_at(report: dict, name: str, at: str) -> bool:
+    """The report describes the code at commit `at`: measured there, or carried there by earlier records."""
+    measures = stale_benchmarks.declared_measures(QUALITY)
+    prepared_via = stale_benchmarks.declared_prepared_via(QUALITY)
+    commit = report["environment"].get("git_commit", "")
+    records = [r for r in stale_benchmarks.revalidations(REPO).get(name, []) if r.get("command") == report["command"]]
+    return stale_benchmarks.changed_between(REPO, commit, at, measures) == () or bool(
+        stale_benchmarks.revalidation_chain(REPO, commit, measures, prepared_via, records, at)
+    )
 
 
 def refusal(report: dict, name: str, old: str, new: str) -> str | None:
     """Why prepared data cannot vouch for `report` across `old`..`new`, or None: the report must be fresh at `old`
     (directly or through earlier records), and every measured path that changed must be in PREPARED_VIA."""
-    measures = stale_benchmarks.declared_measures(QUALITY)
-    prepared_via = stale_benchmarks.declared_prepared_via(QUALITY)
-    commit = report["environment"].get("git_commit", "")
-    records = [r for r in stale_benchmarks.revalidations(REPO).get(name, []) if r.get("command") == report["command"]]
-    reaches = stale_benchmarks.changed_between(REPO, commit, old, measures) == () or (
-        stale_benchmarks.revalidation_chain(REPO, commit, measures, prepared_via, records, old)
-    )
-    if not reaches:
+    if not is_fresh_at(report, name, old):
+        commit = report["environment"].get("git_commit", "")
         return f"it is not fresh at {old[:7]} (measured at {commit or 'no commit'})"
+    prepared_via = stale_benchmarks.declared_prepared_via(QUALITY)
     outside = [p for p in changed_paths(old, new) if not stale_benchmarks.within(p, prepared_via)]
     if outside:
         return f"{', '.join(outside)} changed and reach the figures other than through the prepared data"
@@ -515,20 +520,22 @@ def main() -> None:
     parser.add_argument(
         "--prepare-only", metavar="COMMIT", help="only prepare, copy-check and digest at COMMIT (the --from side)"
     )
-    parser.add_argument("--reports", nargs="+", help="report files in docs/bench (default: every fresh quality report)")
+    parser.add_argument(
+        "--reports", nargs="+", help="report files in docs/bench (default: every quality report fresh at --from)"
+    )
     parser.add_argument("--workdir", type=Path, required=True, help="worktrees, prepared data and digests (reused)")
     parser.add_argument("--data-root", type=Path, default=REPO.parent / "shared" / "data", help="the source folders")
     args = parser.parse_args()
     if not args.prepare_only and not (args.old and args.new):
         parser.error("give --from and --to, or --prepare-only")
     args.workdir = args.workdir.resolve()
-    reports = args.reports or fresh_quality_reports()
     if args.prepare_only:
         sha = resolve(args.prepare_only)
-        for name in reports:
+        for name in args.reports or quality_reports_fresh_at(sha):
             prepare_only(name, sha, args)
         return
     old, new = resolve(args.old), resolve(args.new)
+    reports = args.reports or quality_reports_fresh_at(old)
     failed = [name for name in reports if not revalidate(name, old, new, args)]
     sys.exit(f"not revalidated: {', '.join(failed)}" if failed else 0)
 
