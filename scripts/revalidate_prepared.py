@@ -230,15 +230,30 @@ def prepared(sha: str, command: list[str], workdir: Path, slot_suffix: str = "")
         return _prepared_in(slot, sha, command, workdir)
 
 
-def _prepared_in(slot: Path, sha: str, command: list[str], workdir: Path) -> Prepared:
-    result = slot / "digest.json"
+def finished(result: Path) -> dict | None:
+    """What an earlier run wrote to `result` when it finished; else None, with the slot (`result`'s folder) emptied:
+    nothing an interrupted run left (a decode cache, shards, copies holding what a check decoded) is reused."""
     if result.is_file():
-        return Prepared(**json.loads(result.read_text()))
-    if slot.exists():  # an interrupted run: its decode cache and shards must not be reused
-        shutil.rmtree(slot)
+        return json.loads(result.read_text())
+    if result.parent.exists():
+        shutil.rmtree(result.parent)
+    return None
+
+
+def tree_to_run(sha: str, workdir: Path, slot: Path) -> tuple[Path, dict[str, str]]:
+    """The worktree of `sha` and the environment to run its code in, checked to load that tree's own package."""
     tree = worktree(sha, workdir)
     env = clean_environment(tree, slot / "home")
     require_own_code(tree, env)
+    return tree, env
+
+
+def _prepared_in(slot: Path, sha: str, command: list[str], workdir: Path) -> Prepared:
+    result = slot / "digest.json"
+    earlier = finished(result)
+    if earlier:
+        return Prepared(**earlier)
+    tree, env = tree_to_run(sha, workdir, slot)
     data_dir = slot / "data"
     covidxray = str(tree / ".venv" / "bin" / "covidxray")
     print(f"{sha[:7]}: {shown(command)}", flush=True)
@@ -271,13 +286,11 @@ def _checked_in(
     slot: Path, sha: str, prepares: tuple[list[str], list[str]], overrides: list[str], workdir: Path, slot_suffix: str
 ) -> Checked:
     result = slot / "outcome.json"
-    if result.is_file():
-        return Checked(**json.loads(result.read_text()))
-    if slot.exists():  # an interrupted run: its copies may hold what the check had decoded
-        shutil.rmtree(slot)
-    tree = worktree(sha, workdir)
-    env = {**clean_environment(tree, slot / "home"), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    require_own_code(tree, env)
+    earlier = finished(result)
+    if earlier:
+        return Checked(**earlier)
+    tree, env = tree_to_run(sha, workdir, slot)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     # The check opens each folder's decode cache read-write (SQLite in WAL mode, storing whatever it decodes): it
     # runs on copies, and the prepared folders, which other copy checks and digests read, are never opened by it.
     copies = {TRAINING_DIR: slot / "training", HELD_OUT_DIR: slot / "held-out"}
