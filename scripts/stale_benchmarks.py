@@ -155,7 +155,7 @@ def changed_since(repo: Path, commit: str, paths: tuple[str, ...]) -> tuple[str,
 
 def changed_between(repo: Path, old: str, new: str | None, paths: tuple[str, ...]) -> tuple[str, ...] | None:
     """Declared paths (or the files under a declared folder) that differ between commit `old` and commit `new`
-    (WORKING_TREE: the files as they are), a Python file with the same syntax tree counting as unchanged;
+    (WORKING_TREE: the files as they are), Python with the same syntax tree or YAML with the same data unchanged;
     None when a commit is missing or unknown to the repository."""
     if not is_commit(repo, old) or (new is not WORKING_TREE and not is_commit(repo, new)):
         return None
