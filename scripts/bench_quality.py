@@ -359,14 +359,9 @@ def run_prepare(command: list[str]) -> None:
     _bench.run(command, timeout=7200)
 
 
-def prepare_commands(args) -> list[list[str]]:
-    """Every `covidxray prepare` a run with `args` does, in order (scripts/revalidate_prepared.py re-runs them).
-    The subsampled copies they read are made under --workdir on the way."""
-    return prepares_and_copy_checks(args)[0]
-
-
 def prepares_and_copy_checks(args) -> tuple[list[list[str]], list[tuple[Path, Path]]]:
-    """prepare_commands, and the (training, held-out) data folders of every `covidxray evaluate --external` the run
+    """Every `covidxray prepare` a run with `args` does, in order (the subsampled copies they read are made under
+    --workdir on the way), and the (training, held-out) data folders of every `covidxray evaluate --external` the run
     does (run_fold's: its copy check, covidxray/train/external.py find_copies, reads both); each folder is the
     --data-dir of one of the prepares. scripts/revalidate_prepared.py re-runs both. Call it once per `args`: under
     --quick the plan moves --data-root."""

@@ -5,7 +5,7 @@ code), but part of that code reaches the figures only through the data folder
 prepare writes, and for leave-one-out recipes through `evaluate --external`'s
 copy check on those folders (PREPARED_VIA in scripts/bench_quality.py). When
 only such paths changed from commit --from to commit --to, this script runs
-every prepare the report's recorded command runs (bench_quality.prepare_commands)
+every prepare the report's recorded command runs (bench_quality.prepares_and_copy_checks)
 at both commits, each in a detached git worktree of its commit (.venv linked
 in), into an empty data folder (so with an empty decode cache: it lives in
 <data-dir>/cache) and with an empty HOME and XDG cache, and compares digests of
@@ -240,6 +240,14 @@ def finished(result: Path) -> dict | None:
     return None
 
 
+def run_logged(command: list[str], tree: Path, env: dict[str, str], log: Path, what: str, sha: str) -> None:
+    """`command` run in `tree` with its output in `log`; stop, naming `what` and the log, when it fails."""
+    with open(log, "w") as handle:
+        code = subprocess.run(command, cwd=tree, env=env, stdout=handle, stderr=handle).returncode
+    if code:
+        sys.exit(f"{what} failed ({code}) at {sha[:7]}, see {log}")
+
+
 def tree_to_run(sha: str, workdir: Path, slot: Path) -> tuple[Path, dict[str, str]]:
     """The worktree of `sha` and the environment to run its code in, checked to load that tree's own package."""
     tree = worktree(sha, workdir)
@@ -257,12 +265,7 @@ def _prepared_in(slot: Path, sha: str, command: list[str], workdir: Path) -> Pre
     data_dir = slot / "data"
     covidxray = str(tree / ".venv" / "bin" / "covidxray")
     print(f"{sha[:7]}: {shown(command)}", flush=True)
-    with open(slot / "prepare.log", "w") as log:
-        code = subprocess.run(
-            [covidxray, *with_data_dir(command, str(data_dir))[1:]], cwd=tree, env=env, stdout=log, stderr=log
-        ).returncode
-    if code:
-        sys.exit(f"prepare failed ({code}) at {sha[:7]}, see {slot / 'prepare.log'}")
+    run_logged([covidxray, *with_data_dir(command, str(data_dir))[1:]], tree, env, slot / "prepare.log", "prepare", sha)
     outcome = digest_data_dir(data_dir, shown(command))
     result.write_text(json.dumps(dataclasses.asdict(outcome), indent=1))
     return outcome
@@ -304,16 +307,8 @@ def _checked_in(
     names = [shown(command) for command in prepares]
     print(f"{sha[:7]}: copy check {' + '.join(names)}", flush=True)
     python = str(tree / ".venv" / "bin" / "python")
-    with open(slot / "check.log", "w") as log:
-        code = subprocess.run(
-            [python, "-c", COPY_CHECK, *(str(folder) for folder in copies.values()), str(raw), *overrides],
-            cwd=tree,
-            env=env,
-            stdout=log,
-            stderr=log,
-        ).returncode
-    if code:
-        sys.exit(f"copy check failed ({code}) at {sha[:7]}, see {slot / 'check.log'}")
+    check = [python, "-c", COPY_CHECK, *(str(folder) for folder in copies.values()), str(raw), *overrides]
+    run_logged(check, tree, env, slot / "check.log", "copy check", sha)
     for folder, before in originals.items():
         if listing(folder) != before:
             sys.exit(f"{folder} changed during the copy check at {sha[:7]}: its digest no longer stands; remove it")
@@ -432,13 +427,9 @@ def quality_reports_fresh_at(commit: str) -> list[str]:
 
 def is_fresh_at(report: dict, name: str, at: str) -> bool:
     """The report describes the code at commit `at`: measured there, or carried there by earlier records."""
-    measures = stale_benchmarks.declared_measures(QUALITY)
-    prepared_via = stale_benchmarks.declared_prepared_via(QUALITY)
-    commit = report["environment"].get("git_commit", "")
-    records = [r for r in stale_benchmarks.revalidations(REPO).get(name, []) if r.get("command") == report["command"]]
-    return stale_benchmarks.changed_between(REPO, commit, at, measures) == () or bool(
-        stale_benchmarks.revalidation_chain(REPO, commit, measures, prepared_via, records, at)
-    )
+    records = stale_benchmarks.revalidations(REPO).get(name, [])
+    changed, chain = stale_benchmarks.freshness(REPO, report, QUALITY, records, at)
+    return changed == () or bool(chain)
 
 
 def refusal(report: dict, name: str, old: str, new: str) -> str | None:
@@ -505,7 +496,7 @@ def record(name: str, report: dict, old: str, new: str, outputs: list[Prepared],
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": report["command"],
         "changed": list(changed_paths(old, new)),
-        "prepares": [output.command for output in outputs],
+        "prepares": commands,
         "digests": [output.digest for output in outputs],
         # per `evaluate --external`: the prepares of its training and held-out folders, and its outcome's digest
         "copy_checks": [" + ".join(f"prepares[{commands.index(p)}]" for p in check.prepares) for check in checks],

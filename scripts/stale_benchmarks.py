@@ -147,12 +147,6 @@ def is_commit(repo: Path, commit: str) -> bool:
     return bool(commit) and not git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}").returncode
 
 
-def changed_since(repo: Path, commit: str, paths: tuple[str, ...]) -> tuple[str, ...] | None:
-    """Declared paths (or the files under a declared folder) that differ between `commit` and the working tree;
-    None when the commit is missing or unknown to the repository."""
-    return changed_between(repo, commit, WORKING_TREE, paths)
-
-
 def changed_between(repo: Path, old: str, new: str | None, paths: tuple[str, ...]) -> tuple[str, ...] | None:
     """Declared paths (or the files under a declared folder) that differ between commit `old` and commit `new`
     (WORKING_TREE: the files as they are), Python with the same syntax tree or YAML with the same data unchanged;
@@ -252,18 +246,28 @@ def assess_reports(repo: Path) -> tuple[list[Staleness], list[Revalidated]]:
     for path in sorted((repo / REPORTS).glob("*.json")):
         report = json.loads(path.read_text())
         name, commit = report["benchmark"], report["environment"].get("git_commit", "")
-        script = repo / "scripts" / f"bench_{name}.py"
-        measures = declared_measures(script)
-        changed = changed_since(repo, commit, measures)
+        changed, chain = freshness(repo, report, repo / "scripts" / f"bench_{name}.py", records.get(path.name, []))
         if changed == ():
             continue
-        own = [record for record in records.get(path.name, []) if record.get("command") == report["command"]]
-        chain = revalidation_chain(repo, commit, measures, declared_prepared_via(script), own)
         if chain:
             revalidated.append(Revalidated(path.name, name, commit, chain))
         else:
             stale.append(Staleness(path.name, name, commit, changed or (), rerun_command(report, REPORTS / path.name)))
     return stale, revalidated
+
+
+def freshness(
+    repo: Path, report: dict, script: Path, records: list[dict], target: str | None = WORKING_TREE
+) -> tuple[tuple[str, ...] | None, tuple[dict, ...] | None]:
+    """(the paths `script` measures that differ between the report's commit and `target`, None when the commit is
+    unknown; when any do, the revalidation records, of the report's own recorded command, that carry it there)."""
+    commit = report["environment"].get("git_commit", "")
+    measures = declared_measures(script)
+    changed = changed_between(repo, commit, target, measures)
+    if changed == ():
+        return changed, None
+    own = [record for record in records if record.get("command") == report["command"]]
+    return changed, revalidation_chain(repo, commit, measures, declared_prepared_via(script), own, target)
 
 
 def revalidation_chain(
