@@ -37,13 +37,14 @@ SEED = 0
 # for upright, while films really shown odd (67 of 68 in scripts/bench_gate.py) and most gray photos get less.
 # The upright probability, not the best other one: a photo split between two odd views (`china`: 0.90
 # upside-down, upright 1e-13) is no upright film either. At 0.1: 6 false refusals, 36 of 49 gray photos refused
-# (0.9 on the best other orientation: the same 6, 26 photos, 65 odd films).
+# (0.9 on the best other orientation: the same 6, 26 photos, 65 odd films). Figures of the first small_cnn run's
+# fit, 2026-12-05.
 MIN_UPRIGHT_PROBABILITY = 0.1
-# Every train film of a usual split, not a stride over it. Fitted on every 3rd of Kaggle's 4,406 train films, 13
-# to 27 of the 7,119 upright films of scripts/bench_gate.py were refused, depending on which 3rd, and 37 to 112 of
-# their 21,336 turned copies passed; on all of them 5 to 7 and 23 to 30 (docs/deploy.md). Stronger L2 (C=0.03)
-# refuses 0-3 films but lets 3-4 times as many turned copies through. Memory: ~80 MB a 1,000 films (x 12 views at
-# 24 px, float64 in scikit-learn), ~+400 MB and ~15 s at 5,000.
+# Every train film of a usual split, not a stride over it. Fitted on every 3rd train film of bench_gate's two runs
+# (4,129 and 4,406 films), 12 to 27 of the 7,116 real films there were refused, depending on which 3rd and on the
+# seed, and 37 to 112 of their 21,336 turned copies passed; fitted on every film, 5 to 7 and 23 to 32
+# (docs/deploy.md). Stronger L2 (C=0.03) refuses 0-3 films but lets 3-4 times as many turned copies through.
+# Memory: ~80 MB a 1,000 films (x 12 views at 24 px, float64 in scikit-learn), +360 MB at 4,406.
 MAX_FILMS = 5000
 GAMMA_RANGE = (0.5, 2.0)
 METHOD = f"4-way logistic regression on the standardised {SIDE} px model input (scikit-learn, L2, C=1)"
