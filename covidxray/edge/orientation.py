@@ -44,7 +44,8 @@ MIN_UPRIGHT_PROBABILITY = 0.1
 # (4,129 and 4,406 films), 12 to 27 of the 7,116 real films there were refused, depending on which 3rd and on the
 # seed, and 37 to 112 of their 21,336 turned copies passed; fitted on every film, 5 to 7 and 23 to 32
 # (docs/deploy.md). Stronger L2 (C=0.03) refuses 0-3 films but lets 3-4 times as many turned copies through.
-# Memory: ~80 MB a 1,000 films (x 12 views at 24 px, float64 in scikit-learn), +360 MB at 4,406.
+# Memory: ~80 MB a 1,000 films (12 views each at 24 px: their list, the array, its standardised copy), +360 MB
+# at 4,406.
 MAX_FILMS = 5000
 GAMMA_RANGE = (0.5, 2.0)
 METHOD = f"4-way logistic regression on the standardised {SIDE} px model input (scikit-learn, L2, C=1)"
