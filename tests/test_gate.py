@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 from covidxray.edge import radiograph_gate
 from covidxray.edge.preprocess import load_gray
+
+sys.path.insert(0, str(REPO / "scripts"))
+from gate_corpus import KNOWN_ODD, photo_variants, viewer_screenshot  # noqa: E402
 
 
 def text_page(width: int = 1240, height: int = 1754, background: int = 255, ink: int = 0) -> np.ndarray:
@@ -187,8 +192,6 @@ def smoothed_noise(sigma: float, size: int = 512, seed: int = 7) -> np.ndarray:
 def test_real_textures_and_scanned_print_are_busy_at_9_px(name):
     """scikit-image's bundled photos of a brick wall, a scanned page, printed text and a retinal micrograph."""
     skimage = pytest.importorskip("skimage")
-    from pathlib import Path
-
     result = radiograph_gate.check(load_gray(Path(skimage.__file__).parent / "data" / name))
     assert result.reason == "busy-texture" and result.score > result.limit
 
@@ -230,8 +233,6 @@ def test_low_resolution_radiographs_blown_up_still_pass(shared_data):
 
 def test_a_film_printed_in_one_tint_is_a_radiograph_and_colour_photos_are_not(shared_data):
     """ieee8023's 000005-5-a.jpg is a PA film printed in blue; scikit-image's colour photos stay refused by decoding."""
-    from pathlib import Path
-
     from covidxray.edge.preprocess import ImageError
 
     tinted = shared_data / "covid-chestxray-sample" / "covid-chestxray-dataset" / "images" / "000005-5-a.jpg"
@@ -358,12 +359,6 @@ def test_a_fit_on_childrens_films_refuses_no_upright_adult_film_of_another_hospi
     children only: the one film NIH itself stores upside down (gate_corpus.KNOWN_ODD) is refused as such and no
     other is. Fitted on every 6th film (870, as when orientation.MAX_FILMS was 2,000), three upright films were
     refused here."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from gate_corpus import KNOWN_ODD
-
     films = sorted((shared_data / "covid19-talo-nih-half-512").rglob("*.png"))
     found = {path.name: orientation_of_real_films.orientation(model_input(path))[0] for path in films}
     odd = {name: view for name, view in found.items() if view != "upright"}
@@ -388,12 +383,6 @@ def test_real_gray_photos_are_no_upright_chest_film(layout_of_real_films, orient
     most of them from films (docs/deploy.md). Each is refused by the chest-layout score or the orientation
     check: it is no upright chest film."""
     pytest.importorskip("skimage")
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from gate_corpus import photo_variants
-
     from covidxray.edge.preprocess import as_model_input
 
     if name == "china":
@@ -442,12 +431,6 @@ def test_n1_a_film_shown_in_a_viewer_window_is_refused_as_framed(shared_data):
     """The round-3 report's PACS screenshot: talo's 00001280_004.png centred in a dark viewer with overlay text
     (pneumonia 0.94 there, where the film alone got normal 0.48). Refused by the cheap checks as `framed`,
     in a 16:9 and a 16:10 window, dark or light; the film itself passes."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from gate_corpus import viewer_screenshot
-
     film = load_gray(shared_data / "covid19-talo-sample" / "X-Ray Image DataSet" / "No_findings" / "00001280_004.png")
     assert radiograph_gate.check(film).passed
     for i, (width, height, background, ink) in enumerate([(1920, 1080, 20, 220), (1680, 1050, 235, 10)]):
