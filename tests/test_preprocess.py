@@ -504,3 +504,55 @@ def test_predict_input_equals_the_training_shard_pixels(synthetic_data):
         if checked == 10:
             break
     assert checked == 10
+
+
+# --- Ctrl-C inside a decoder is the user stopping the run, not a bad file -------------------------------------------
+
+
+def interrupted_in_c(*_args, **_kwargs):
+    """What CPython raises when a signal handler's KeyboardInterrupt lands inside a C function that then returns a
+    result anyway (cv2.imread calling os.fspath): a SystemError whose cause is the interrupt (_PyErr_FormatFromCause)."""
+    raise SystemError("<built-in function fspath> returned a result with an exception set") from KeyboardInterrupt()
+
+
+def failing_in_c(*_args, **_kwargs):
+    raise SystemError("a decoder bug, no interrupt")
+
+
+def pixel_array_raising(raiser):
+    return property(lambda _dataset: raiser())
+
+
+INTERRUPT_POINTS = {  # where in decoding a Ctrl-C can land, each behind a different catch-all
+    "raster decode": ("png", "cv2.imdecode", lambda raiser: raiser),
+    "DICOM header": ("dcm", "pydicom.dcmread", lambda raiser: raiser),
+    "DICOM pixels": ("dcm", "pydicom.dataset.Dataset.pixel_array", pixel_array_raising),
+    "DICOM modality LUT": ("dcm", "pydicom.pixels.apply_modality_lut", lambda raiser: raiser),
+}
+
+
+def decode_via(consumer: str, path) -> str | None:
+    """Decode `path` as predict or prepare does; the error it reports for the file, or None."""
+    if consumer == "predict":
+        from covidxray.edge.predict import predict_path
+
+        return predict_path(path, classifier=None).get("error")  # a file that fails to decode never reaches the model
+    from covidxray.data.image_cache import decode_one
+
+    return decode_one((str(path), 64, 10_000_000))[2].detail
+
+
+@pytest.mark.parametrize("consumer", ["predict", "prepare"])
+@pytest.mark.parametrize("point", INTERRUPT_POINTS)
+def test_ctrl_c_inside_a_decoder_stops_the_run_and_a_decoder_error_does_not(tmp_path, monkeypatch, point, consumer):
+    suffix, target, patch_with = INTERRUPT_POINTS[point]
+    path = tmp_path / f"film.{suffix}"
+    pixels = (np.arange(64 * 64).reshape(64, 64) % 251).astype(np.uint8)
+    write_dicom(path, pixels) if suffix == "dcm" else cv2.imwrite(str(path), pixels)
+
+    monkeypatch.setattr(target, patch_with(failing_in_c))
+    assert decode_via(consumer, path), "a decoder's own failure is reported as that file's error"
+
+    monkeypatch.setattr(target, patch_with(interrupted_in_c))
+    with pytest.raises(KeyboardInterrupt):
+        decode_via(consumer, path)

@@ -59,7 +59,7 @@ from covidxray.data import dedup, near_duplicates
 from covidxray.edge import harmonise as harmonise_method
 from covidxray.edge import preprocess, radiograph_gate
 from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
-from covidxray.errors import UserError
+from covidxray.errors import UserError, reraise_interrupt
 from covidxray.files import sha256_file
 from covidxray.manifest import CACHE_DIR
 
@@ -146,6 +146,7 @@ def decode_one(job: Job, harmonise: str = harmonise_method.NONE) -> tuple[str, b
     except preprocess.ImageError as err:
         return path, None, Decoded(reason=err.reason, detail=err.detail)
     except Exception as err:  # decoder bugs on hostile files (cv2.error, MemoryError, ...) are that file's problem
+        reraise_interrupt(err)
         return path, None, Decoded(reason="unreadable", detail=f"cannot decode ({err.__class__.__name__}: {err})")
 
 

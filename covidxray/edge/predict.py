@@ -27,7 +27,7 @@ from covidxray.edge.image_header import DEFAULT_MAX_PIXELS
 from covidxray.edge.litert import TFLiteClassifier
 from covidxray.edge.preprocess import PREPROCESSING_VERSION, ImageError, as_model_input, is_dicom, load_gray
 from covidxray.edge.source_profile import SIDECAR_KEY, SourceProfile
-from covidxray.errors import UserError
+from covidxray.errors import UserError, reraise_interrupt
 from covidxray.records import IMAGE_SUFFIXES
 from covidxray.sidecar import Sidecar
 
@@ -111,9 +111,8 @@ def predict_path(
         gray = load_gray(path, max_pixels)
     except ImageError as err:
         return error_entry(err)
-    except (
-        Exception
-    ) as err:  # a malformed file (WindowCenter "abc", a broken VOI LUT sequence, ...) is that file's problem only
+    except Exception as err:  # a malformed file (WindowCenter "abc", a broken VOI LUT ...) is that file's problem only
+        reraise_interrupt(err)
         return {
             "file": str(path),
             "error": f"cannot decode ({type(err).__name__}: {' '.join(str(err).split())})",

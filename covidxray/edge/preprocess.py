@@ -20,6 +20,7 @@ import numpy as np
 
 from covidxray.edge.harmonise import NONE, harmonised
 from covidxray.edge.image_header import DEFAULT_MAX_PIXELS, OPENCV_PIXEL_LIMIT, declared_size
+from covidxray.errors import reraise_interrupt
 from covidxray.records import VOLUME_SUFFIXES
 
 # Bump whenever a change to this module can change a single output pixel. Prepare's decode cache and shard
@@ -207,6 +208,7 @@ def dicom_gray(dataset, path: Path | str = "<dataset>") -> np.ndarray:
     try:
         pixels = dataset.pixel_array
     except Exception as err:  # pydicom raises many types for truncated data or missing codecs
+        reraise_interrupt(err)
         raise _decode_failure(dataset, path, err) from None
     if pixels.ndim != 2:
         raise ImageError("not-xray", path, f"DICOM pixel array of shape {pixels.shape} is not a single gray image")
@@ -244,7 +246,8 @@ def _read_bare_dataset(path: Path):
         complete = (
             all(name in dataset for name in _BARE_DATASET_NEEDS) and int(dataset.Rows) > 0 and int(dataset.Columns) > 0
         )
-    except Exception:  # force=True on junk fails in many ways (bad lengths, undecodable values)
+    except Exception as err:  # force=True on junk fails in many ways (bad lengths, undecodable values)
+        reraise_interrupt(err)
         raise ImageError("unreadable", path, not_dicom) from None
     if not complete:
         raise ImageError("unreadable", path, not_dicom)
@@ -390,6 +393,7 @@ def load_gray(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndar
         except ImageError:
             raise
         except Exception as err:  # malformed data sets fail inside pydicom in many ways: that file's problem only
+            reraise_interrupt(err)
             raise ImageError(
                 "unreadable", path, f"cannot decode DICOM ({type(err).__name__}: {_one_line(err)})"
             ) from None
