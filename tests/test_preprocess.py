@@ -525,10 +525,9 @@ def pixel_array_raising(raiser):
 
 INTERRUPT_POINTS = {  # where in decoding a Ctrl-C can land, each behind a different catch-all
     "raster decode": ("png", "cv2.imdecode", lambda raiser: raiser),
-    "DICOM header": ("dcm", "pydicom.dcmread", lambda raiser: raiser),
     "DICOM pixels": ("dcm", "pydicom.dataset.Dataset.pixel_array", pixel_array_raising),
     "DICOM modality LUT": ("dcm", "pydicom.pixels.apply_modality_lut", lambda raiser: raiser),
-}
+}  # not the DICOM header read (image_header): pure-Python pydicom, where an interrupt stays a KeyboardInterrupt
 
 
 def decode_via(consumer: str, path) -> str | None:

@@ -8,7 +8,7 @@ SOF, BMP and TIFF headers, DICOM Rows/Columns/frames) and an image above
 file the size sits (JPEG segments and TIFF directories are followed to it).
 For formats and headers not parsed here, OpenCV's own limit is the second
 line (`limit_decoder_pixels`), and the decoded size is checked again, so no
-oversized image reaches a shard. Only the standard library (and covidxray.errors): `predict` on a
+oversized image reaches a shard. Only the standard library: `predict` on a
 Pi uses this too.
 """
 
@@ -19,8 +19,6 @@ import struct
 import sys
 from pathlib import Path
 from typing import BinaryIO
-
-from covidxray.errors import reraise_interrupt
 
 # Default data.max_pixels, sized for a Raspberry Pi 4 with 4 GB and one decode worker per core:
 #   ~3.3 GB usable by programs (the OS and the GPU split keep the rest) - ~0.5 GB for prepare's main process
@@ -125,8 +123,7 @@ def _dicom(path: Path) -> tuple[int, int] | None:
         dataset = pydicom.dcmread(str(path), stop_before_pixels=True, force=True)
         rows, columns = int(dataset.Rows), int(dataset.Columns)
         planes = int(dataset.get("NumberOfFrames", 1) or 1) * int(dataset.get("SamplesPerPixel", 1) or 1)
-    except Exception as err:  # unreadable headers are the decoder's to report, with its own reason
-        reraise_interrupt(err)
+    except Exception:  # unreadable headers are the decoder's to report, with its own reason
         return None
     return columns, rows * planes
 

@@ -246,8 +246,7 @@ def _read_bare_dataset(path: Path):
         complete = (
             all(name in dataset for name in _BARE_DATASET_NEEDS) and int(dataset.Rows) > 0 and int(dataset.Columns) > 0
         )
-    except Exception as err:  # force=True on junk fails in many ways (bad lengths, undecodable values)
-        reraise_interrupt(err)
+    except Exception:  # force=True on junk fails in many ways (bad lengths, undecodable values)
         raise ImageError("unreadable", path, not_dicom) from None
     if not complete:
         raise ImageError("unreadable", path, not_dicom)
