@@ -213,15 +213,18 @@ case $action in
   down) require_root; down; echo "netcluster $NAME: down" ;;
   exec) require_root; in_launcher ;;
   run)
-    up
+    # The EXIT trap before `up`: a signal at any moment from here on removes whatever was built. `up` traps INT and
+    # TERM while it builds and clears them once the cluster is up (its state file already there); a signal then,
+    # before the traps below, ends bash by default, which still runs the EXIT trap.
     trap 'down' EXIT
+    up
+    stop() { kill -TERM $(jobs -p) 2>/dev/null || true; wait; exit "$1"; }
+    trap 'stop 130' INT
+    trap 'stop 143' TERM
     # In the background, because bash runs a trap only once its foreground command has finished: `wait` returns
     # at once on a signal, the trap stops the command, and the EXIT trap removes the cluster.
     in_launcher &
-    child=$!
-    trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 130' INT
-    trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 143' TERM
-    wait "$child"
+    wait $!
     ;;
   status)
     namespaces=$(our_namespaces)
