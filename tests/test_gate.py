@@ -15,7 +15,7 @@ from covidxray.edge import radiograph_gate
 from covidxray.edge.preprocess import load_gray
 
 sys.path.insert(0, str(REPO / "scripts"))
-from gate_corpus import KNOWN_ODD, photo_variants, viewer_screenshot  # noqa: E402
+from gate_corpus import KNOWN_ODD, PHOTOGRAPHED_FILMS, photo_variants, viewer_screenshot  # noqa: E402
 
 
 def text_page(width: int = 1240, height: int = 1754, background: int = 255, ink: int = 0) -> np.ndarray:
@@ -251,6 +251,22 @@ def test_a_film_printed_in_one_tint_is_a_radiograph_and_colour_photos_are_not(sh
     for name in photos:
         with pytest.raises(ImageError) as caught:
             load_gray(Path(skimage.__file__).parent / "data" / name)
+        assert caught.value.reason == "not-xray" and "colour image" in caught.value.detail, name
+
+
+def test_the_phone_photos_of_films_on_a_monitor_are_refused_as_colour(shared_data):
+    """ieee8023 lists tpmd200203f2-a/b/c as X-rays; they are phone photos of a film on a monitor (purple cast), which
+    the gate corpus counts as images to refuse (gate_corpus.PHOTOGRAPHED_FILMS): the decoder's colour check does."""
+    from covidxray.edge.preprocess import ImageError
+
+    images = shared_data / "covid-chestxray-aug2020-768" / "covid-chestxray-dataset" / "images"
+    if not images.is_dir():
+        pytest.skip("the full ieee8023 snapshot is not in ../shared/data")
+    for name in sorted(PHOTOGRAPHED_FILMS):
+        blue, green, red = cv2.split(cv2.imread(str(images / name)).astype(np.int16))
+        assert (np.abs(red - green).mean() > 10) and (np.abs(blue - green).mean() > 10), name  # really tinted
+        with pytest.raises(ImageError) as caught:
+            load_gray(images / name)
         assert caught.value.reason == "not-xray" and "colour image" in caught.value.detail, name
 
 
