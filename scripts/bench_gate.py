@@ -45,6 +45,7 @@ import _bench
 import gate_corpus
 import gate_held_out
 
+from covidxray.edge.orientation import ARRAYS as ORIENTATION_ARRAYS
 from covidxray.edge.orientation import ORIENTATIONS
 from covidxray.edge.predict import LAYOUT_REASON, OOD_REASON, predict_path
 from covidxray.sidecar import Sidecar
@@ -331,7 +332,7 @@ def main() -> None:
         "image_size": classifier.image_size,
         "ood": {k: v for k, v in (classifier.card.ood or {}).items() if k not in ("means", "precision")},
         "layout": {k: v for k, v in (classifier.card.layout or {}).items() if k not in ("mean", "precision")},
-        "orientation": {k: v for k, v in (classifier.card.orientation or {}).items() if k not in ("coef", "intercept")},
+        "orientation": {k: v for k, v in (classifier.card.orientation or {}).items() if k not in ORIENTATION_ARRAYS},
         "radiographs_judged": judged_radiographs,
         "false_rejection_rate": false_rejection,
         "refused_radiographs": refused_radiographs,

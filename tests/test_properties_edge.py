@@ -183,7 +183,9 @@ def tiny_export(tmp_path_factory) -> tuple[bytes, dict]:
         "temperature": {"value": 1.3},
         "ood": OodModel(np.zeros((3, dim)), np.eye(dim), 5.0).to_sidecar({}),
         "layout": LayoutModel(np.zeros(SIDE * SIDE), np.eye(SIDE * SIDE), 9.0).to_sidecar({}),
-        "orientation": OrientationModel(np.zeros((4, orientation.SIDE**2)), np.array([1.0, 0, 0, 0])).to_sidecar({}),
+        "orientation": OrientationModel(
+            np.zeros((1, 2, orientation.SIDE**2)), np.zeros((1, 2)), np.zeros((1, 4, 2)), np.array([[1.0, 0, 0, 0]])
+        ).to_sidecar({}),
     }
     return flatbuffer, card
 
@@ -238,7 +240,8 @@ SIDECAR_PATHS = [
     ("layout", "side"),
     ("layout", "mean"),
     ("orientation",),
-    ("orientation", "coef"),
+    ("orientation", "hidden_weights"),
+    ("orientation", "members"),
     ("orientation", "version"),
     ("tflite_sha256",),
 ]
