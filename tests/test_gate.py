@@ -382,6 +382,32 @@ def test_a_fit_on_childrens_films_refuses_no_upright_adult_film_of_another_hospi
     assert len(films) > 500 and stored_odd and odd == stored_odd, odd
 
 
+def test_a_letterboxed_film_is_judged_on_the_film(orientation_of_real_films, shared_data):
+    """ieee8023 stores some films with black bars (`16708_4_1.jpg`); orientation version 1 refused two such upright
+    films as inverted-upside-down. NIH adult films (a fit on children's films never saw one), letterboxed with black
+    or white bars of 10-25% of the height and stretched back to the square model input as preprocess does, stay
+    upright; turned, they are still refused."""
+    films = sorted((shared_data / "covid19-talo-nih-half-512").rglob("*.png"))[::40]
+    refused_upright, turned_passed, judged = [], [], 0
+    for path in films:
+        if path.name in KNOWN_ODD:
+            continue
+        image = model_input(path)[:, :, 0]
+        for share in (0.10, 0.25):
+            for bar in (0, 255):
+                rows = int(share * len(image))
+                boxed = np.pad(image, ((rows, rows), (0, 0)), constant_values=bar)
+                boxed = cv2.resize(boxed, image.shape[::-1], interpolation=cv2.INTER_AREA)
+                judged += 1
+                if orientation_of_real_films.orientation(boxed)[0] != "upright":
+                    refused_upright.append((path.name, share, bar))
+                for view, odd in odd_views(boxed).items():
+                    if orientation_of_real_films.orientation(odd)[0] == "upright":
+                        turned_passed.append((path.name, share, bar, view))
+    assert judged >= 40 and refused_upright == [], refused_upright
+    assert len(turned_passed) <= 0.03 * 3 * judged, turned_passed
+
+
 def test_a_film_stored_inverted_is_refused_as_inverted(orientation_of_real_films, shared_data):
     """The shared data's MONOCHROME2 pixels tagged MONOCHROME1: decoded as the tag says, it is a negative."""
     image = model_input(shared_data / "dicom" / INVERTED_FILM)
