@@ -47,7 +47,7 @@ SEED = 0
 MEMBERS = 8  # perceptrons averaged, each fitted with its own seed (SEED + k); 3 left the count of turned copies
 # passing seed-dependent (6 to 40 of 21,348 on one run)
 HIDDEN = 64  # ReLU units: 128 (3 members, L2 1e-3) refused 1 to 9 films and let up to 94 turned copies through
-L2 = 1e-2  # scikit-learn's alpha: at 1e-3 the count of turned copies passing varied 8 to 122 with the input's rounding
+L2 = 1e-2  # scikit-learn's alpha: at 1e-3 the turned copies passing went from 8 to 122 with one resize more or less
 # A band is a row (column) at the image's edge whose gray levels have a standard deviation below BAND_STD; bands are
 # trimmed from each edge inward, at most BAND_SHARE of the side (a film is never trimmed away).
 BAND_STD = 4.0
@@ -150,7 +150,7 @@ class OrientationModel:
             raise ValueError(
                 f"version {entry['version']!r} at {entry['side']!r} px, this predictor has version {VERSION} at {SIDE} px"
             )
-        members, hidden, count = _positive(entry["members"]), _positive(entry["hidden"]), len(ORIENTATIONS)
+        members, hidden, count = _sidecar_count(entry["members"]), _sidecar_count(entry["hidden"]), len(ORIENTATIONS)
         shapes = {
             "hidden_weights": (members, hidden, SIDE * SIDE),
             "hidden_bias": (members, hidden),
@@ -160,7 +160,8 @@ class OrientationModel:
         return cls(**{name: unpack(entry[name], shapes[name]) for name in ARRAYS})
 
 
-def _positive(value) -> int:
+def _sidecar_count(value) -> int:
+    """A count of perceptrons or of their units from the sidecar, else ValueError."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 1024:
         raise ValueError(f"{value!r} is not a count from 1 to 1024")
     return value
