@@ -43,15 +43,15 @@ REFRAMINGS = 4  # re-framed copies of each train film in the fit
 SEED = 0
 
 
-def _gray(image: np.ndarray) -> np.ndarray:
-    """(size, size) or (size, size, 1) -> (size, size) float32."""
+def gray_plane(image: np.ndarray) -> np.ndarray:
+    """A model input, (size, size) or (size, size, 1), as its one gray plane: (size, size) float32."""
     return np.asarray(image, np.float32).reshape(image.shape[:2])
 
 
 def layout_vectors(images: Iterable[np.ndarray]) -> np.ndarray:
     """Model inputs ((size, size) or (size, size, 1), gray 0..255) -> (n, SIDE * SIDE), each row mean 0, variance 1."""
     small = np.stack(
-        [cv2.resize(_gray(image), (SIDE, SIDE), interpolation=cv2.INTER_AREA) for image in images]
+        [cv2.resize(gray_plane(image), (SIDE, SIDE), interpolation=cv2.INTER_AREA) for image in images]
     ).reshape(-1, SIDE * SIDE)
     centred = small.astype(np.float64) - small.mean(axis=1, keepdims=True)
     return centred / (centred.std(axis=1, keepdims=True) + 1e-6)
@@ -102,7 +102,7 @@ class LayoutModel:
 
 def reframe(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """The film framed differently: zoomed 0.85-1.1, shifted up to 5%, rotated up to 8 degrees, mirrored half the time."""
-    gray = _gray(image)
+    gray = gray_plane(image)
     height, width = gray.shape
     centre = (width / 2 + rng.uniform(-0.05, 0.05) * width, height / 2 + rng.uniform(-0.05, 0.05) * height)
     matrix = cv2.getRotationMatrix2D(centre, rng.uniform(-8, 8), 1 / rng.uniform(0.85, 1.1))

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from covidxray.edge.chest_layout import reframe
-from covidxray.edge.sidecar_arrays import pack, unpack
+from covidxray.edge.chest_layout import gray_plane, reframe
+from covidxray.edge.sidecar_arrays import count, pack, unpack
 
 VERSION = 2
 SIDE = 24  # the layout at 12 px leaves upright and upside-down too alike; at 24 px the shoulders and diaphragm tell
@@ -72,7 +72,7 @@ METHOD = (
 
 def views(image: np.ndarray) -> list[np.ndarray]:
     """The image in each of ORIENTATIONS' order, as if it were upright: turning it that way gives the others."""
-    gray = np.asarray(image, np.float32).reshape(image.shape[:2])
+    gray = gray_plane(image)
     turned = gray[::-1, ::-1]
     return [gray, 255 - gray, turned, 255 - turned]
 
@@ -91,7 +91,7 @@ def _edge_bands(spread: np.ndarray) -> tuple[int, int]:
 
 def trimmed(image: np.ndarray) -> np.ndarray:
     """The image without the flat bands at its edges (a letterbox's bars, a scanner's margin), float32."""
-    gray = np.asarray(image, np.float32).reshape(image.shape[:2])
+    gray = gray_plane(image)
     top, bottom = _edge_bands(gray.std(axis=1))
     left, right = _edge_bands(gray.std(axis=0))
     return gray[top:bottom, left:right]
@@ -150,21 +150,14 @@ class OrientationModel:
             raise ValueError(
                 f"version {entry['version']!r} at {entry['side']!r} px, this predictor has version {VERSION} at {SIDE} px"
             )
-        members, hidden, count = _sidecar_count(entry["members"]), _sidecar_count(entry["hidden"]), len(ORIENTATIONS)
+        members, hidden, orientations = count(entry["members"]), count(entry["hidden"]), len(ORIENTATIONS)
         shapes = {
             "hidden_weights": (members, hidden, SIDE * SIDE),
             "hidden_bias": (members, hidden),
-            "output_weights": (members, count, hidden),
-            "output_bias": (members, count),
+            "output_weights": (members, orientations, hidden),
+            "output_bias": (members, orientations),
         }
         return cls(**{name: unpack(entry[name], shapes[name]) for name in ARRAYS})
-
-
-def _sidecar_count(value) -> int:
-    """A count of perceptrons or of their units from the sidecar, else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 1024:
-        raise ValueError(f"{value!r} is not a count from 1 to 1024")
-    return value
 
 
 def _training_views(train_images: Iterable[np.ndarray], rng: np.random.Generator):

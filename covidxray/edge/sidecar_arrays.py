@@ -1,4 +1,5 @@
-"""Arrays in the sidecar JSON: little-endian float32, base64, read back as float64 for the arithmetic."""
+"""Arrays and counts in the sidecar JSON: arrays as little-endian float32 in base64, read back as float64 for the
+arithmetic; every number validated before predict builds on it."""
 
 from __future__ import annotations
 
@@ -25,3 +26,11 @@ def threshold(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
         raise ValueError(f"threshold {value!r} is not a finite positive number")
     return float(value)
+
+
+def count(value) -> int:
+    """A count from the sidecar (of perceptrons, of their units): an integer from 1 to 1024, else ValueError (the
+    arrays' shapes are built from it before their lengths are checked)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 1024:
+        raise ValueError(f"{value!r} is not a count from 1 to 1024")
+    return value
