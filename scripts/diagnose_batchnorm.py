@@ -10,10 +10,12 @@ The figures in docs/training.md ("A constant predictor, and why") come from this
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
+from covidxray.export.keras_file import load_keras_model
 from covidxray.manifest import open_prepared
 from covidxray.train.batchnorm import batchnorm_layers
 from covidxray.train.input import InputSpec, make_dataset
@@ -22,7 +24,7 @@ from covidxray.train.input import InputSpec, make_dataset
 def main(run_dir: str, data_dir: str) -> None:
     data = open_prepared(data_dir)
     size, classes = data.manifest.image_size, len(data.manifest.labels)
-    model = tf.keras.models.load_model(f"{run_dir}/model.keras", compile=False)
+    model = load_keras_model(Path(run_dir) / "model.keras")  # safe mode, no code from the file
     dataset, _ = make_dataset(data.shards("val"), InputSpec(size, classes, 64))
     inference, truth = [], []
     for images, one_hot in dataset:
