@@ -234,16 +234,36 @@ ODD_VIEWS = {
 }
 
 
+# Part of a film, as a user may crop one (the round-3 reliability report's N3: "half films are classified too").
+# Not odd the way ODD_VIEWS are (nothing the orientation check is for), so measured apart from them.
+PARTIAL_VIEWS = {
+    "left-half": lambda gray: np.ascontiguousarray(gray[:, : gray.shape[1] // 2]),
+    "right-half": lambda gray: np.ascontiguousarray(gray[:, gray.shape[1] // 2 :]),
+    "top-half": lambda gray: np.ascontiguousarray(gray[: gray.shape[0] // 2]),
+}
+
+
+def _copies(shared: Path, folder: Path, views: dict) -> list[tuple[Path, Path, str]]:
+    """(the film, its copy, the view's name) for every film of `_odd_film_sources` and every entry of `views`."""
+    pairs = []
+    for film in _odd_film_sources(shared):
+        gray = cv2.imread(str(film), cv2.IMREAD_GRAYSCALE)
+        for view, change in views.items():
+            pairs.append((film, _write(folder / f"{film.stem}-{view}.png", change(gray)), view))
+    return pairs
+
+
+def partial_films(shared: Path, out: Path) -> list[tuple[Path, Path, str]]:
+    """(the whole film, a part of it, which part) for every film of `_odd_film_sources` and every PARTIAL_VIEWS entry."""
+    return _copies(shared, out / "partial-films", PARTIAL_VIEWS)
+
+
 def odd_films(shared: Path, out: Path) -> list[tuple[Path, Path, str]]:
     """(the upright film, the odd copy, how it is odd) for every film of `_odd_film_sources` and every ODD_VIEWS
     entry, and for the KNOWN_ODD files of the shared data (the upright film: the file turned back)."""
     from covidxray.edge.preprocess import load_gray
 
-    pairs = []
-    for film in _odd_film_sources(shared):
-        gray = cv2.imread(str(film), cv2.IMREAD_GRAYSCALE)
-        for view, change in ODD_VIEWS.items():
-            pairs.append((film, _write(out / "odd-films" / f"{film.stem}-{view}.png", change(gray)), view))
+    pairs = _copies(shared, out / "odd-films", ODD_VIEWS)
     for path in [*sorted((shared / "dicom").iterdir()), *_images_under(shared / "covid19-talo-nih-half-512")]:
         if path.name in KNOWN_ODD:
             upright = ODD_VIEWS[KNOWN_ODD[path.name]](load_gray(path))  # each view is its own inverse
