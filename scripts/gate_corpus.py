@@ -10,7 +10,9 @@ Odd films (`odd_films`): real films of three collections (Kaggle 224 px, NIH
 512 px, ieee8023 768 px) shown inverted, upside down, or both, as a viewer or
 a DICOM export with a wrong MONOCHROME tag or a scanner fed the wrong way
 round gives them: each must be turned back or refused, never given another
-diagnosis than the film itself.
+diagnosis than the film itself. Partial films (`partial_films`): the left,
+right and top halves of the same films, as a user's crop gives them; measured
+the same way, with no goal yet.
 
 Non-radiographs, each tagged with a category:
 
