@@ -12,7 +12,7 @@ Timed, per round and per worker count, each from a cold start:
 - floor: `preprocess.load_gray` + `preprocess.resize_square` of the same files,
   in-process for 1 worker and in a fresh spawn pool for more, exactly as
   prepare decodes (so pool start-up and the allocator setting
-  `image_cache.keep_freed_buffers` are in both).
+  `decode_pool.keep_freed_buffers` are in both).
 Ceiling: before and after the rounds, dense float32 compute runs in 1 and
 then 2 processes pinned one per core (`_bench.parallel_ceiling`); the mean of
 the two speed-ups is the most any 2-process job could get from this machine then.
@@ -77,7 +77,7 @@ def _decode_resize(job: tuple[str, int]) -> None:
 
 
 def floor(paths: list[Path], size: int, workers: int) -> None:
-    from covidxray.data.image_cache import keep_freed_buffers
+    from covidxray.data.decode_pool import keep_freed_buffers
 
     jobs = [(str(p), size) for p in paths]
     if workers == 1:

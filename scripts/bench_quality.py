@@ -79,6 +79,8 @@ PREPARED_VIA = (
     "covidxray/data/dedup.py",
     "covidxray/data/near_duplicates.py",
     "covidxray/data/image_cache.py",
+    # run by prepare's decode (and by (b)'s on a cache miss): the decode worker pool, for image_cache.py
+    "covidxray/data/decode_pool.py",
 )
 
 # The three real collections in full (ieee8023's whole Aug-2020 snapshot, all of Kaggle, the NIH half of talo)

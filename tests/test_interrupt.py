@@ -20,7 +20,7 @@ from conftest import SHARED_DATA, covidxray_cmd, with_default_sigint
 from kill_worker import decode_or_break_off
 from layouts import write_image
 
-from covidxray.data import image_cache
+from covidxray.data import decode_pool, image_cache
 
 EXIT_BOUND_S = 20  # the main process must be gone this long after the signal (it used to hang for good)
 ORPHAN_BOUND_S = 10  # and every process it started this long after that
@@ -91,7 +91,7 @@ def test_a_worker_that_dies_halfway_through_sending_a_result_does_not_hang_decod
     """The executor's reader waits for the rest of a half-sent message for good, unless the pool is stopped whole."""
     outcome, lines = decode_bounded([p for p in half_sent if "hang" not in p], tmp_path / "cache.sqlite")
     results = outcome["results"]
-    assert results[half_sent[0]].reason == image_cache.WORKER_DIED
+    assert results[half_sent[0]].reason == decode_pool.WORKER_DIED
     assert all(results[p].ok for p in half_sent[2:])
     assert any("a decode worker died" in line for line in lines)
 

@@ -327,7 +327,8 @@ def test_decode_workers_reuse_freed_image_buffers(tmp_path):
         cv2.imwrite(str(tmp_path / f"{n}.png"), rng.integers(0, 256, (1024, 1024), dtype=np.uint8))
     probe = f"""
 import resource
-from covidxray.data.image_cache import DEFAULT_MAX_PIXELS, decode_one, keep_freed_buffers
+from covidxray.data.decode_pool import keep_freed_buffers
+from covidxray.data.image_cache import DEFAULT_MAX_PIXELS, decode_one
 paths = [{", ".join(repr(str(tmp_path / f"{n}.png")) for n in range(6))}]
 def faults_per_decode():
     decode_one((paths[0], 64, DEFAULT_MAX_PIXELS))

@@ -280,6 +280,28 @@ def test_download_from_a_mirror_url_with_checksum(tmp_path):
         assert not (tmp_path / "other-cache" / "downloads" / "COVID-19-master.zip").exists()
 
 
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_receipt_lost_in_a_crash_is_written_again_without_a_new_download(tmp_path, damage):
+    """A run stopped between the unpack and the receipt (or an old, half-written receipt) must not lose where the
+    data came from: the next fetch writes the receipt again from the kept download, and fetches nothing."""
+    build_talo(tmp_path / "content")
+    payload = zip_tree(tmp_path / "content", tmp_path / "COVID-19-master.zip").read_bytes()
+    digest = hashlib.sha256(payload).hexdigest()
+    with FileServer({"/COVID-19-master.zip": payload}) as server:
+        options = {"url": server.url("/COVID-19-master.zip"), "sha256": digest}
+        first, *_ = read("covid19-talo", options, tmp_path / "cache")
+        (receipt,) = (tmp_path / "cache" / "extracted").glob("*.json")
+        if damage == "missing":
+            receipt.unlink()
+        else:
+            receipt.write_text(receipt.read_text()[:20])
+        requests = len(server.requests)
+        again, *_ = read("covid19-talo", options, tmp_path / "cache")
+        assert len(server.requests) == requests  # the archive kept in downloads/ was used
+    assert again == first and again["sha256"] == digest
+    assert json.loads(receipt.read_text())["sha256"] == digest
+
+
 def test_from_path_mistakes_are_actionable(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         read("covid19-talo", {"from_path": str(tmp_path / "nowhere.zip")}, tmp_path / "cache")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import ClassVar, TypeVar
 
 from covidxray.errors import UserError
+from covidxray.files import atomic_write
 from covidxray.sources.archive import archive_stem, extract, is_extracted
 from covidxray.sources.base import Fetched, Source, SourceOptions
 from covidxray.sources.descriptors import Archive, Descriptor, load_descriptor
@@ -83,14 +84,15 @@ class DescribedSource(Source[DownloadOptionsT]):
         """The descriptor's archive, downloaded and unpacked once into the cache; its receipt joins `provenance`."""
         archive = self.archive()
         tree = cache_dir / "extracted" / archive_stem(archive.file)
-        receipt = tree.with_name(tree.name + ".json")
-        if not is_extracted(tree):
-            path, digest = self.download(archive, cache_dir / "downloads")
-            extract(path, tree, self.context.say, limits=self.context.extract_limits)
+        receipt_path = tree.with_name(tree.name + ".json")
+        receipt = _readable_receipt(receipt_path) if is_extracted(tree) else None
+        if receipt is None:  # not unpacked yet, or a run stopped between the unpack and the receipt
+            path, digest = self.download(archive, cache_dir / "downloads")  # a file already downloaded is kept
+            extract(path, tree, self.context.say, limits=self.context.extract_limits)  # a no-op once unpacked
             url = self.options.url or archive.url  # None for a Kaggle download
-            receipt.write_text(json.dumps({"file": archive.file, "url": url and redacted(url), "sha256": digest}))
-        if receipt.is_file():
-            provenance.update(json.loads(receipt.read_text()))
+            receipt = {"file": archive.file, "url": url and redacted(url), "sha256": digest}
+            atomic_write(receipt_path, json.dumps(receipt))
+        provenance.update(receipt)
         return tree
 
     def _given(self, given: Path, cache_dir: Path, provenance: dict[str, str | None]) -> Path:
@@ -115,3 +117,12 @@ class DescribedSource(Source[DownloadOptionsT]):
         )
         provenance.update({"from": str(given), **({"sha256": expected} if expected else {})})
         return tree
+
+
+def _readable_receipt(path: Path) -> dict | None:
+    """What a download's receipt recorded, or None when it is missing or unreadable (then it is written again)."""
+    try:
+        receipt = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return receipt if isinstance(receipt, dict) else None
