@@ -179,8 +179,11 @@ def copy_outcomes(pairs, classifier) -> tuple[list[list], list[dict]]:
     """
     counts: dict[tuple, Counter] = defaultdict(Counter)
     wrong = []
+    films: dict[Path, dict] = {}  # each film's own answer, once for all of its copies
     for film, odd, view in pairs:
-        upright, result = predict_path(film, classifier), predict_path(odd, classifier)
+        if film not in films:
+            films[film] = predict_path(film, classifier)
+        upright, result = films[film], predict_path(odd, classifier)
         collection = next(
             (part for part in film.parts if part in ODD_COLLECTIONS), "stored odd (gate_corpus.KNOWN_ODD)"
         )
