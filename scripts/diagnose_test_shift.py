@@ -42,6 +42,7 @@ SPLITS = ("train", "val", "test")
 PROBE_C = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)  # inverse regularisation strengths the val split chooses among
 SHIFT_C = 0.01  # the probe's choice on the Kaggle folders' ImageNet features; the shift question has no val split
 FOLDS = 5
+PIXEL_STATISTICS = ("mean", "standard deviation", "1st percentile", "99th percentile", "Laplacian variance")
 
 
 def feature_model(run_dir: str | None, image_size: int, classes: int) -> tf.keras.Model:
@@ -60,9 +61,6 @@ def pixel_statistics(image: np.ndarray) -> list[float]:
     low, high = np.percentile(gray, (1, 99))
     sharpness = cv2.Laplacian(gray.astype(np.float32), cv2.CV_32F).var()
     return [float(gray.mean()), float(gray.std()), float(low), float(high), float(sharpness)]
-
-
-PIXEL_STATISTICS = ("mean", "standard deviation", "1st percentile", "99th percentile", "Laplacian variance")
 
 
 def split_features(model: tf.keras.Model, data) -> dict[str, dict[str, np.ndarray]]:
