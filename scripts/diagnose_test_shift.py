@@ -83,6 +83,12 @@ def _probe(c: float):
     return make_pipeline(StandardScaler(), LogisticRegression(C=c, class_weight="balanced", max_iter=5000))
 
 
+def subset(split: dict, count: int, seed: int) -> dict:
+    """`count` images of `split` drawn at random (without replacement) by `seed`."""
+    chosen = np.random.default_rng(seed).choice(len(split["labels"]), count, replace=False)
+    return {key: values[chosen] for key, values in split.items()}
+
+
 def linear_probe(splits: dict, labels: list[str]) -> dict:
     """Train on train, choose C by val AUC, score test: accuracy, AUC and each class's sensitivity at argmax."""
     train, val, test = (splits[s] for s in SPLITS)
@@ -147,6 +153,13 @@ def main() -> None:
     parser.add_argument(
         "--run-dir", help="a trained run: its model's features instead of ImageNet efficientnet_lite0's"
     )
+    parser.add_argument(
+        "--train-subset",
+        type=int,
+        metavar="N",
+        help="also fit the probe on N random train images per seed (a small-data recipe against a fine-tune on as few)",
+    )
+    parser.add_argument("--seeds", type=int, default=3, help="draws of --train-subset (default: %(default)s)")
     parser.add_argument("--out", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     data = open_prepared(args.data_dir)
@@ -158,6 +171,14 @@ def main() -> None:
         "linear_probe": linear_probe(splits, labels),
         "test_split_shift": test_split_shift(splits, labels),
     }
+    if args.train_subset:
+        report["linear_probe_on_train_subsets"] = {
+            "train_images": args.train_subset,
+            "by_seed": [
+                linear_probe({**splits, "train": subset(splits["train"], args.train_subset, seed)}, labels)
+                for seed in range(args.seeds)
+            ],
+        }
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -58,3 +58,18 @@ def test_the_linear_probe_reaches_the_bayes_figures_of_two_gaussian_classes():
     for name in LABELS:
         assert probe["test_sensitivity"][name] == pytest.approx(norm.cdf(1.5), abs=0.07)
     assert probe["test_accuracy"] == pytest.approx(norm.cdf(1.5), abs=0.05)
+
+
+def test_a_train_subset_is_a_seeded_draw_without_replacement():
+    train = synthetic_splits(test_normal_offset=0.0)["train"]
+    first, again, other = (diagnose_test_shift.subset(train, 50, seed) for seed in (0, 0, 1))
+    rows = {tuple(row) for row in train["features"]}
+    assert len({tuple(row) for row in first["features"]}) == 50 and {tuple(r) for r in first["features"]} <= rows
+    assert np.array_equal(first["features"], again["features"]) and not np.array_equal(
+        first["features"], other["features"]
+    )
+    assert all(len(values) == 50 for values in first.values())  # every field drawn alike: labels stay with images
+    picked = {tuple(row): label for row, label in zip(first["features"], first["labels"])}
+    assert all(
+        picked[tuple(row)] == label for row, label in zip(train["features"], train["labels"]) if tuple(row) in picked
+    )
