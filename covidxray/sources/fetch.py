@@ -86,12 +86,14 @@ class DescribedSource(Source[DownloadOptionsT]):
         tree = cache_dir / "extracted" / archive_stem(archive.file)
         receipt_path = tree.with_name(tree.name + ".json")
         receipt = _readable_receipt(receipt_path) if is_extracted(tree) else None
-        if receipt is None:  # not unpacked yet, or a run stopped between the unpack and the receipt
+        if receipt is None:  # not unpacked yet, or unpacked by a version that could lose or half-write the receipt
             path, digest = self.download(archive, cache_dir / "downloads")  # a file already downloaded is kept
-            extract(path, tree, self.context.say, limits=self.context.extract_limits)  # a no-op once unpacked
             url = self.options.url or archive.url  # None for a Kaggle download
             receipt = {"file": archive.file, "url": url and redacted(url), "sha256": digest}
+            # before the unpack: a tree marked unpacked then always has its receipt, whenever a run stops
+            receipt_path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(receipt_path, json.dumps(receipt))
+            extract(path, tree, self.context.say, limits=self.context.extract_limits)  # a no-op once unpacked
         provenance.update(receipt)
         return tree
 
