@@ -92,17 +92,14 @@ def subset(split: dict, count: int, seed: int) -> dict:
 def linear_probe(splits: dict, labels: list[str]) -> dict:
     """Train on train, choose C by val AUC, score test: accuracy, AUC and each class's sensitivity at argmax."""
     train, val, test = (splits[s] for s in SPLITS)
-
-    def val_auc(c: float) -> float:
-        fitted = _probe(c).fit(train["features"], train["labels"])
-        return _auc(val["labels"], fitted.predict_proba(val["features"]))
-
-    chosen = max(PROBE_C, key=val_auc)
-    probabilities = _probe(chosen).fit(train["features"], train["labels"]).predict_proba(test["features"])
+    fitted = {c: _probe(c).fit(train["features"], train["labels"]) for c in PROBE_C}
+    val_aucs = {c: _auc(val["labels"], probe.predict_proba(val["features"])) for c, probe in fitted.items()}
+    chosen = max(PROBE_C, key=val_aucs.__getitem__)  # the first of equals, as max over PROBE_C gives
+    probabilities = fitted[chosen].predict_proba(test["features"])
     predicted = probabilities.argmax(1)
     return {
         "C": chosen,
-        "val_auc": val_auc(chosen),
+        "val_auc": val_aucs[chosen],
         "test_accuracy": float(np.mean(predicted == test["labels"])),
         "test_auc": _auc(test["labels"], probabilities),
         "test_sensitivity": {
