@@ -83,29 +83,48 @@ def test_train_with_frozen_batchnorm_measures_once_and_keeps_the_statistics(synt
     assert not np.array_equal(kernels_1, kernels_2)
 
 
-def test_frozen_stages_keep_their_weights_while_the_rest_learns():
+def layers_moved_by_training(frozen_stages: int) -> tuple[set[str], set[str]]:
+    """Names of efficientnet_lite0's layers with weights, and of those two epochs of training changed."""
     from covidxray.config import TrainConfig
-    from covidxray.train.efficientnet_lite import stage_of
     from covidxray.train.finetune import hold_fixed
     from covidxray.train.models import build_model
 
     tf.keras.utils.set_random_seed(0)
     model = build_model("efficientnet_lite0", 32, 2)
-    hold_fixed(model, TrainConfig(model="efficientnet_lite0", frozen_stages=4))
+    hold_fixed(model, TrainConfig(model="efficientnet_lite0", frozen_stages=frozen_stages))
     model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="categorical_crossentropy")
     before = {layer.name: [w.copy() for w in layer.get_weights()] for layer in model.layers if layer.weights}
     rng = np.random.default_rng(0)
     model.fit(rng.uniform(0, 255, (8, 32, 32, 1)), np.eye(2)[rng.integers(0, 2, 8)], epochs=2, verbose=0)
+    moved = {
+        name
+        for name, weights in before.items()
+        if any(not np.array_equal(a, b) for a, b in zip(weights, model.get_layer(name).get_weights()))
+    }
+    return set(before), moved
 
-    def moved(name: str) -> bool:
-        layer = model.get_layer(name)
-        return any(not np.array_equal(a, b) for a, b in zip(before[name], layer.get_weights()))
 
-    frozen = [name for name in before if stage_of(name) is not None and stage_of(name) < 4]
-    learning = [name for name in before if name.endswith("conv") and (stage_of(name) or 0) >= 4]
+def test_frozen_stages_keep_their_weights_while_the_rest_learns():
+    from covidxray.train.efficientnet_lite import stage_of
+
+    names, moved = layers_moved_by_training(4)
+    frozen = {name for name in names if stage_of(name) is not None and stage_of(name) < 4}
+    learning = {name for name in names if name.endswith("conv") and (stage_of(name) or 0) >= 4}
     assert frozen and learning
-    assert not any(moved(name) for name in frozen)  # kernels and BN statistics alike
-    assert all(moved(name) for name in learning)
+    assert not frozen & moved  # kernels and BN statistics alike
+    assert learning <= moved
+
+
+def test_every_stage_frozen_leaves_the_classifier_alone_to_learn():
+    """`train.frozen_stages` at its maximum (all of the backbone's stages): a linear model of the ImageNet features."""
+    from covidxray.config import ConfigError, load_config
+    from covidxray.train.efficientnet_lite import STAGE_COUNT
+
+    assert load_config(None, [{"train": {"frozen_stages": STAGE_COUNT}}]).train.frozen_stages == STAGE_COUNT
+    with pytest.raises(ConfigError, match=f"train.frozen_stages: {STAGE_COUNT + 1} is above the maximum {STAGE_COUNT}"):
+        load_config(None, [{"train": {"frozen_stages": STAGE_COUNT + 1}}])
+    _, moved = layers_moved_by_training(STAGE_COUNT)
+    assert moved == {"probabilities"}
 
 
 def test_frozen_stages_need_a_staged_model():
@@ -116,5 +135,5 @@ def test_frozen_stages_need_a_staged_model():
 
     with pytest.raises(UserError, match="train.frozen_stages: 2 needs a model with named stages"):
         hold_fixed(build_model("small_cnn", 32, 2), TrainConfig(model="small_cnn", frozen_stages=2))
-    with pytest.raises(ConfigError, match="train.frozen_stages: 9 is above the maximum 8"):
-        load_config(None, [{"train": {"frozen_stages": 9}}])
+    with pytest.raises(ConfigError, match="train.frozen_stages: -1 is below the minimum 0"):
+        load_config(None, [{"train": {"frozen_stages": -1}}])
