@@ -7,7 +7,7 @@ Recipes (folders under --data-root, default ../shared/data):
                     Inception v3 on that folder), sensitivity and specificity of each class >= 0.90.
   kaggle-few-films  as kaggle-pneumonia with only the first 150 train films of each class (by name, as
                     tests/test_quality.py), batch 16: what a few hundred films buy; no goal, a comparison of
-                    recipes, best with --seeds (on 300 films the seed moves a model more than recipes differ).
+                    recipes, best with --seeds (on 300 films the seed moves a model about as much as recipes differ).
   chest3-merge      covid-chestxray-sample + chest-xray-pneumonia-224 + covid19-talo-sample, task `chest3`,
                     split by patient; goal: no class's sensitivity below 0.80.
   chest3-full       the three sources of chest3-loso (Kaggle: every 3rd file, see --subsample) all in training,
@@ -102,7 +102,7 @@ RECIPES = {
     },
     # few films (issue 23's small-data question): the first 150 train films of each class by name, as
     # tests/test_quality.py takes, scored on the whole official test folder; batch 16 as there. No goal: a comparison
-    # of recipes (--seeds: the seed moves a model on 300 films more than recipes differ)
+    # of recipes (--seeds: on 300 films the seed moves a model about as much as recipes differ)
     "kaggle-few-films": {
         "sources": {"chest-xray-pneumonia": "chest-xray-pneumonia-224"},
         "task": "pneumonia",
