@@ -99,7 +99,8 @@ class TrainConfig:
     freeze_batchnorm: bool = False
     # The backbone's first N stages keep their pretrained weights (efficientnet_lite0: 0 the stem, 1-7 its MBConv
     # stages, 8 the head); less to fit, and no backprop through the high-resolution layers (memory, time per step).
-    # 9 (all of them) trains the classifier alone: a linear model of the ImageNet features, for a few hundred films.
+    # 9 (all of them) trains the classifier alone, a linear model of the ImageNet features (on 300 films: level with
+    # the other recipes, docs/benchmarks.md 6d).
     frozen_stages: int = setting(0, low=0, high=9)
     augment: bool = True
     # Scales every augmentation range (train/input.py): 1 = +-8% scale, +-4% shift, +-7 deg, +-12% brightness/contrast.
