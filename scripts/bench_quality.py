@@ -276,15 +276,7 @@ def main() -> None:
         return
     runs = {seed: recipe_run(bench, args, recipe, seed) for seed in args.seeds}
     metrics = [run["metrics"] for run in runs.values()]
-    keys = [key for key in metrics[0] if all(m.get(key) is not None for m in metrics)]
-    spread = {
-        key: {
-            "mean": float(np.mean([m[key] for m in metrics])),
-            "min": min(m[key] for m in metrics),
-            "max": max(m[key] for m in metrics),
-        }
-        for key in keys
-    }
+    spread = over_seeds(metrics)
     bench.table(
         f"{args.recipe}: {args.model}, seeds {', '.join(map(str, args.seeds))}: test split, each seed's figure",
         ["metric", *[f"seed {seed}" for seed in args.seeds], "mean", "min - max"],
@@ -295,7 +287,7 @@ def main() -> None:
                 f"{spread[key]['mean']:.3f}",
                 f"{spread[key]['min']:.3f} - {spread[key]['max']:.3f}",
             ]
-            for key in keys
+            for key in spread
         ],
     )
     check_goals(
@@ -305,6 +297,19 @@ def main() -> None:
         next(iter(runs.values()))["test_classes"],
     )
     bench.finish(args, {"seeds": {str(seed): run for seed, run in runs.items()}, "over_seeds": spread})
+
+
+def over_seeds(metrics: list[dict]) -> dict:
+    """Mean, min and max of every metric each seed's run defines."""
+    keys = [key for key in metrics[0] if all(m.get(key) is not None for m in metrics)]
+    return {
+        key: {
+            "mean": float(np.mean([m[key] for m in metrics])),
+            "min": min(m[key] for m in metrics),
+            "max": max(m[key] for m in metrics),
+        }
+        for key in keys
+    }
 
 
 def recipe_run(bench: _bench.Bench, args, recipe: dict, seed: int | None) -> dict:
@@ -357,19 +362,16 @@ def recipe_run(bench: _bench.Bench, args, recipe: dict, seed: int | None) -> dic
         "run_dir": str(run_dir),
     }
 
-    def cell(key: str):
-        value, ci = point.get(key), intervals.get(key)
-        return "n/a" if value is None else f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{value:.3f}"
-
+    scored = {"metrics": point, "ci95": intervals}
     bench.table(
         f"{args.recipe}: {args.model} at {args.image_size} px, {args.epochs} epochs"
         f"{'' if seed is None else f', seed {seed}'}; test split, 95% bootstrap CI",
         ["metric", "value [95% CI]"],
         [
-            ["accuracy", cell("accuracy")],
-            ["macro AUC", cell("macro_auc")],
-            *[[f"{name} sensitivity", cell(f"{name}_sensitivity")] for name in class_names],
-            *[[f"{name} specificity", cell(f"{name}_specificity")] for name in class_names],
+            ["accuracy", _cell(scored, "accuracy")],
+            ["macro AUC", _cell(scored, "macro_auc")],
+            *[[f"{name} sensitivity", _cell(scored, f"{name}_sensitivity")] for name in class_names],
+            *[[f"{name} specificity", _cell(scored, f"{name}_specificity")] for name in class_names],
             ["ECE (15 bins)", f"{results['ece']:.3f}"],
             ["majority baseline", f"{results['majority_baseline']:.3f}"],
             ["epochs (best)", f"{results['epochs_run']} ({results['best_epoch']})"],
@@ -655,6 +657,8 @@ def source_folders(args, recipe: dict, subsample: dict[str, int]) -> dict[str, P
     if missing:
         sys.exit(f"--data-root {args.data_root}: {', '.join(missing)} not found there")
     folders = {}
+    if "train_films_per_class" in recipe and subsample:
+        sys.exit(f"--subsample: recipe {args.recipe} takes its own train films; leave --subsample out")
     for name, folder in recipe["sources"].items():
         every = subsample.get(name, 1)
         if "train_films_per_class" in recipe:
