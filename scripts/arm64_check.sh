@@ -133,7 +133,8 @@ add_row() {  # add_row STEP SECONDS RESULT LAST-LINE
 
 if [ "$(echo $STEPS)" != trixie-edge ]; then  # the bookworm root file system, unless only the trixie run is asked for
     started=$(date +%s)
-    ensure_rootfs "$ROOT" arm64 bookworm python3,ca-certificates,sudo,procps | tee "$CACHE/rootfs.log"
+    # python3-venv: the train-step step makes its own venv, also when the install step (which apt-installs it) is not run
+    ensure_rootfs "$ROOT" arm64 bookworm python3,python3-venv,ca-certificates,sudo,procps | tee "$CACHE/rootfs.log"
     add_row rootfs $(($(date +%s) - started)) ok "$(tail -1 "$CACHE/rootfs.log")"
     enter_root
     (in_root 1m "uname -m | grep -qx aarch64") || { echo "error: the chroot does not run arm64 code" >&2; exit 1; }
