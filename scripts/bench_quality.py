@@ -6,8 +6,9 @@ Recipes (folders under --data-root, default ../shared/data):
                     goals: accuracy >= 0.928 and macro AUC >= 0.968 (Kermany et al.'s ImageNet-pretrained
                     Inception v3 on that folder), sensitivity and specificity of each class >= 0.90.
   kaggle-few-films  as kaggle-pneumonia with only the first 150 train films of each class (by name, as
-                    tests/test_quality.py), batch 16: what a few hundred films buy; no goal, a comparison of
-                    recipes, best with --seeds (on 300 films the seed moves a model about as much as recipes differ).
+                    tests/test_quality.py; --train-films N: the first N), batch 16: what a few hundred films buy;
+                    no goal, a comparison of recipes, best with --seeds (on 300 films the seed moves a model about
+                    as much as recipes differ).
   chest3-merge      covid-chestxray-sample + chest-xray-pneumonia-224 + covid19-talo-sample, task `chest3`,
                     split by patient; goal: no class's sensitivity below 0.80.
   chest3-full       the three sources of chest3-loso (Kaggle: every 3rd file, see --subsample) all in training,
@@ -238,6 +239,12 @@ def quality_bench() -> _bench.Bench:
         help="recipes that are not leave-one-out: train once per train.seed (comma-separated), each seed's figures "
         "and their mean, min and max in one report; goals judged on the mean",
     )
+    bench.parser.add_argument(
+        "--train-films",
+        type=int,
+        metavar="N",
+        help="kaggle-few-films: the first N train films of each class instead of the recipe's 150",
+    )
     bench.parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP_ROUNDS)
     bench.parser.add_argument(
         "--folds", default="", help="leave-one-out recipes: the held-out sources to run, comma-separated (default: all)"
@@ -263,7 +270,7 @@ def quality_bench() -> _bench.Bench:
 def main() -> None:
     bench = quality_bench()
     args = bench.parse(QUICK_DEFAULTS)
-    recipe = RECIPES[args.recipe]
+    recipe = recipe_of(args)
     if recipe.get("leave_one_out"):
         leave_one_source_out(bench, args, recipe)
         return
@@ -299,6 +306,19 @@ def main() -> None:
     bench.finish(args, {"seeds": {str(seed): run for seed, run in runs.items()}, "over_seeds": spread})
 
 
+def recipe_of(args) -> dict:
+    """The recipe --recipe names, with --train-films's count of train films when given (refused for a recipe that
+    does not pick its train films)."""
+    recipe = RECIPES[args.recipe]
+    if args.train_films is None:
+        return recipe
+    if "train_films_per_class" not in recipe:
+        sys.exit(f"--train-films: recipe {args.recipe} trains on whole collections; leave --train-films out")
+    if args.train_films < 1:
+        sys.exit("--train-films: at least 1 film per class")
+    return {**recipe, "train_films_per_class": args.train_films}
+
+
 def over_seeds(metrics: list[dict]) -> dict:
     """Mean, min and max of every metric each seed's run defines."""
     keys = [key for key in metrics[0] if all(m.get(key) is not None for m in metrics)]
@@ -319,10 +339,8 @@ def recipe_run(bench: _bench.Bench, args, recipe: dict, seed: int | None) -> dic
 
     data_dir = recipe_data_dir(args)
     run_dir = (
-        args.workdir
-        / "runs"
-        / f"{args.recipe}-{args.model}-{args.image_size}-{args.epochs}ep{'-' + args.tag if args.tag else ''}"
-        f"{'' if seed is None else f'-seed{seed}'}"
+        args.workdir / "runs" / f"{args.recipe}{_train_films_tag(args)}-{args.model}-{args.image_size}-{args.epochs}ep"
+        f"{'-' + args.tag if args.tag else ''}{'' if seed is None else f'-seed{seed}'}"
     )
     subsample = training_subsample(args, recipe)
     trained = measured_train(args, data_dir, run_dir, recipe["sets"] + ([] if seed is None else [f"train.seed={seed}"]))
@@ -345,6 +363,7 @@ def recipe_run(bench: _bench.Bench, args, recipe: dict, seed: int | None) -> dic
         "image_size": args.image_size,
         "overrides": args.sets,
         "subsample": subsample,
+        "train_films_per_class": recipe.get("train_films_per_class"),
         "test_images": int(labels.size),
         "test_classes": {name: int((labels == c).sum()) for c, name in enumerate(class_names)},
         "splits": {split: info["classes"] for split, info in manifest["splits"].items()},
@@ -456,7 +475,7 @@ def prepares_and_copy_checks(args) -> tuple[list[list[str]], list[tuple[Path, Pa
     does (run_fold's: its copy check, covidxray/train/external.py find_copies, reads both); each folder is the
     --data-dir of one of the prepares. scripts/revalidate_prepared.py re-runs both. Call it once per `args`: under
     --quick the plan moves --data-root."""
-    recipe = RECIPES[args.recipe]
+    recipe = recipe_of(args)
     if not recipe.get("leave_one_out"):
         return [recipe_prepare(args, recipe)], []
     plan = loso_plan(args, recipe)
@@ -473,7 +492,12 @@ def external_evaluate(training_dir: Path, run_dir: Path, held_dir: Path) -> list
 
 
 def recipe_data_dir(args) -> Path:
-    return args.workdir / f"{args.recipe}-{args.image_size}"
+    return args.workdir / f"{args.recipe}-{args.image_size}{_train_films_tag(args)}"
+
+
+def _train_films_tag(args) -> str:
+    """The data and run folders' mark of --train-films (none for the recipe's own count: older commands keep their folders)."""
+    return "" if args.train_films is None else f"-train{args.train_films}"
 
 
 def recipe_prepare(args, recipe: dict) -> list[str]:

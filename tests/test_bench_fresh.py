@@ -313,3 +313,46 @@ def test_the_prepares_a_leave_one_out_report_runs_are_spelled_once(tmp_path):
     assert revalidate_prepared.evaluate_overrides() == []  # `evaluate --external` runs with the default data config
     report = {"command": ".venv/bin/python scripts/bench_quality.py --recipe chest3-full --image-size 128"}
     assert revalidate_prepared.recorded_run(report, workdir, data_root).copy_checks == []  # no evaluate --external
+
+
+def test_train_films_picks_the_first_films_of_each_class_into_folders_of_their_own(tmp_path):
+    """bench_quality --train-films N: the first N train films of each class by name, every test film, in a data
+    folder apart from the recipe's own count (150); refused for a recipe that trains on whole collections."""
+    import bench_quality
+
+    data_root = tmp_path / "data"
+    kaggle = data_root / "chest-xray-pneumonia-224" / "chest_xray"
+    for split, count in (("train", 5), ("test", 3)):
+        for cls in ("NORMAL", "PNEUMONIA"):
+            (kaggle / split / cls).mkdir(parents=True)
+            for i in reversed(range(count)):  # written out of name order: the pick sorts by name
+                (kaggle / split / cls / f"{cls.lower()}-{i}.jpeg").write_bytes(b"x")
+
+    def parsed(*extra: str):
+        argv = [
+            "--recipe",
+            "kaggle-few-films",
+            *extra,
+            "--workdir",
+            str(tmp_path / "work"),
+            "--data-root",
+            str(data_root),
+        ]
+        return bench_quality.quality_bench().parse(bench_quality.QUICK_DEFAULTS, argv)
+
+    (command,), _ = bench_quality.prepares_and_copy_checks(parsed("--train-films", "2"))
+    source = Path(command[command.index("--source") + 1].partition("=")[2]) / "chest_xray"
+    assert {cls: sorted(p.name for p in (source / "train" / cls).iterdir()) for cls in ("NORMAL", "PNEUMONIA")} == {
+        "NORMAL": ["normal-0.jpeg", "normal-1.jpeg"],
+        "PNEUMONIA": ["pneumonia-0.jpeg", "pneumonia-1.jpeg"],
+    }
+    assert all(len(list((source / "test" / cls).iterdir())) == 3 for cls in ("NORMAL", "PNEUMONIA"))
+    (default,), _ = bench_quality.prepares_and_copy_checks(parsed())
+    data_dir = lambda c: Path(c[c.index("--data-dir") + 1]).name  # noqa: E731
+    assert (data_dir(command), data_dir(default)) == ("kaggle-few-films-224-train2", "kaggle-few-films-224")
+    with pytest.raises(SystemExit, match="--train-films"):
+        bench_quality.recipe_of(
+            bench_quality.quality_bench().parse(
+                bench_quality.QUICK_DEFAULTS, ["--recipe", "kaggle-pneumonia", "--train-films", "2"]
+            )
+        )
