@@ -16,7 +16,9 @@ REPORT` puts that report's figures beside this machine's. QEMU translates
 every arm64 instruction into x86 code, so an emulated time is not a Pi's: the
 comparable figures are the ratios between models, each machine running its own
 kernels (oneDNN on x86-64, Eigen/XNNPACK NEON paths on aarch64), and the peak
-RSS, which is the arm64 process's memory plus QEMU's own (its translated code).
+RSS, which is the arm64 process's memory plus QEMU's own (its translated code
+and heap): the probe samples QEMU's share (`emulator_mib`), and the goal is
+judged on the process's own memory, the peak without that share.
 Goal: each rank of the Pi-cluster candidates peaks under 1.5 GB (1.5e9 bytes)
 on both.
 
@@ -110,7 +112,11 @@ def main() -> None:
     pi_rank = next(iter(measured))
     rows = []
     for machine, figures in runs.items():
+        emulated_run = machine.startswith("emulated")
         for name, m in figures.items():
+            # natively VmHWM is the process's own; under QEMU its sampled share comes off (a report from before the
+            # probe sampled it has none: its peak stands as measured)
+            emulator = m.get("emulator_mib", 0.0) if emulated_run else 0.0
             rows.append(
                 [
                     name,
@@ -118,18 +124,23 @@ def main() -> None:
                     f"{m['step_s'] * 1e3:.0f}",
                     f"{m['step_s'] / figures[pi_rank]['step_s']:.2f}",
                     f"{m['peak_rss_mib']:.0f}",
+                    f"{emulator:.0f}" if emulated_run else "",
                     f"{m['trainable_parameters'] / 1e6:.2f} M",
                 ]
             )
             if candidates[name][2]:
-                bench.at_most(f"peak RSS of a rank, {name}, {machine}", m["peak_rss_mib"], round(RSS_LIMIT_MIB, 1))
+                bench.at_most(
+                    f"peak RSS of a rank, {name}, {machine}{' (without QEMU own)' if emulated_run else ''}",
+                    m["peak_rss_mib"] - emulator,
+                    round(RSS_LIMIT_MIB, 1),
+                )
     counts = [f"{args.steps} after {args.warmup}"]
     if emulated:
         counts.append(f"{emulated['results']['steps']} after {emulated['results']['warmup']} emulated")
     bench.table(
         f"One rank's training step: batch {args.batch_size}, {args.image_size} px gray, Adam, no Horovod "
         f"(median of {' and '.join(counts)} steps)",
-        ["case", "machine", "step ms", "step / Pi-cluster rank's", "peak RSS MiB", "trainable"],
+        ["case", "machine", "step ms", "step / Pi-cluster rank's", "peak RSS MiB", "of it QEMU's own MiB", "trainable"],
         rows,
     )
     if emulated:
