@@ -17,7 +17,7 @@ every arm64 instruction into x86 code, so an emulated time is not a Pi's: the
 comparable figures are the ratios between models, each machine running its own
 kernels (oneDNN on x86-64, Eigen/XNNPACK NEON paths on aarch64), and the peak
 RSS, which is the arm64 process's memory plus QEMU's own (its translated code
-and heap): the probe samples QEMU's share (`emulator_mib`), and the goal is
+and heap): the probe reads QEMU's share (`emulator_mib`), and the goal is
 judged on the process's own memory, the peak without that share.
 Goal: each rank of the Pi-cluster candidates peaks under 1.5 GB (1.5e9 bytes)
 on both.

@@ -198,3 +198,25 @@ def test_bench_step_quick_with_an_emulated_report(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )  # fmt: skip
     assert refused.returncode == 1 and "measured another setup" in refused.stderr
+
+
+def test_the_step_probe_counts_as_the_emulators_the_memory_of_mappings_the_guest_is_not_shown():
+    """QEMU 7.2 passes the whole process's /proc/self/smaps through but shows the guest its own /proc/self/maps:
+    the resident kB of the smaps entries no maps range overlaps (here QEMU's heap and translation buffer) are its."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import _step_probe
+
+    def entry(start: int, end: int, rss_kib: int, name: str = "") -> str:
+        return (
+            f"{start:08x}-{end:08x} rw-p 00000000 00:00 0 {name}\nSize: {(end - start) // 1024} kB\nRss: {rss_kib} kB\n"
+        )
+
+    guest = [(0x400000, 0x500000, 700, "/usr/bin/python3"), (0x10000000, 0x20000000, 90_000, "")]
+    emulator = [(0x5555_0000, 0x5556_0000, 3_000, "[heap]"), (0x7F00_0000, 0x7F80_0000, 131_072, "")]
+    smaps = "".join(entry(*mapping) for mapping in guest + emulator)
+    maps = "".join(f"{start:08x}-{end:08x} rw-p 00000000 00:00 0\n" for start, end, _, _ in guest)
+    assert _step_probe.emulator_mib(maps, smaps) == pytest.approx((3_000 + 131_072) / 1024)
+    # natively both list the same mappings; a guest range QEMU shows merged still covers its smaps entries
+    assert _step_probe.emulator_mib(maps, "".join(entry(*mapping) for mapping in guest)) == 0
+    merged = "00400000-20000000 rw-p 00000000 00:00 0\n"
+    assert _step_probe.emulator_mib(merged, smaps) == pytest.approx((3_000 + 131_072) / 1024)
