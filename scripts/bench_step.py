@@ -114,8 +114,8 @@ def main() -> None:
     for machine, figures in runs.items():
         emulated_run = machine.startswith("emulated")
         for name, m in figures.items():
-            # natively VmHWM is the process's own; under QEMU its sampled share comes off (a report from before the
-            # probe sampled it has none: its peak stands as measured)
+            # natively VmHWM is the process's own; under QEMU the share the probe read comes off (a report from before the
+            # probe read it has none: its peak stands as measured)
             emulator = m.get("emulator_mib", 0.0) if emulated_run else 0.0
             rows.append(
                 [

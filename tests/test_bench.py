@@ -154,7 +154,7 @@ def test_bench_dedup_quick(tmp_path, shared_data):
 @pytest.mark.slow
 def test_bench_step_quick_with_an_emulated_report(tmp_path):
     """The emulated run's figures (here made up: a rank of 1.55 GiB of which QEMU's own 150 MiB, and a 2 GiB rank of
-    a report from before the probe sampled QEMU's share) sit beside this machine's, compared; the goal is judged on
+    a report from before the probe read QEMU's share) sit beside this machine's, compared; the goal is judged on
     the process's own memory."""
     sys.path.insert(0, str(REPO / "scripts"))
     import bench_step
