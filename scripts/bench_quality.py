@@ -307,9 +307,11 @@ def main() -> None:
 
 
 def recipe_of(args) -> dict:
-    """The recipe --recipe names, with --train-films's count of train films when given (refused for a recipe that
-    does not pick its train films)."""
+    """The recipe --recipe names, with --train-films's count of train films when given; --train-films refused for a
+    recipe that does not pick its train films, --subsample for one that does."""
     recipe = RECIPES[args.recipe]
+    if "train_films_per_class" in recipe and args.subsample:
+        sys.exit(f"--subsample: recipe {args.recipe} takes its own train films; leave --subsample out")
     if args.train_films is None:
         return recipe
     if "train_films_per_class" not in recipe:
@@ -681,8 +683,6 @@ def source_folders(args, recipe: dict, subsample: dict[str, int]) -> dict[str, P
     if missing:
         sys.exit(f"--data-root {args.data_root}: {', '.join(missing)} not found there")
     folders = {}
-    if "train_films_per_class" in recipe and subsample:
-        sys.exit(f"--subsample: recipe {args.recipe} takes its own train films; leave --subsample out")
     for name, folder in recipe["sources"].items():
         every = subsample.get(name, 1)
         if "train_films_per_class" in recipe:

@@ -317,7 +317,8 @@ def test_the_prepares_a_leave_one_out_report_runs_are_spelled_once(tmp_path):
 
 def test_train_films_picks_the_first_films_of_each_class_into_folders_of_their_own(tmp_path):
     """bench_quality --train-films N: the first N train films of each class by name, every test film, in a data
-    folder apart from the recipe's own count (150); refused for a recipe that trains on whole collections."""
+    folder apart from the recipe's own count (150); refused for a recipe that trains on whole collections, as
+    --subsample is for this one."""
     import bench_quality
 
     data_root = tmp_path / "data"
@@ -350,6 +351,8 @@ def test_train_films_picks_the_first_films_of_each_class_into_folders_of_their_o
     (default,), _ = bench_quality.prepares_and_copy_checks(parsed())
     data_dir = lambda c: Path(c[c.index("--data-dir") + 1]).name  # noqa: E731
     assert (data_dir(command), data_dir(default)) == ("kaggle-few-films-224-train2", "kaggle-few-films-224")
+    with pytest.raises(SystemExit, match="--subsample: recipe kaggle-few-films takes its own train films"):
+        bench_quality.prepares_and_copy_checks(parsed("--subsample", "chest-xray-pneumonia=3"))
     with pytest.raises(SystemExit, match="--train-films"):
         bench_quality.recipe_of(
             bench_quality.quality_bench().parse(
