@@ -105,14 +105,13 @@ def main() -> None:
         measured[name] = measure(model, frozen, args)
         print(f"  median {measured[name]['step_s'] * 1e3:.0f} ms, peak RSS {measured[name]['peak_rss_mib']:.0f} MiB")
     here = _bench.environment()
-    runs = {machine_label(here): measured}
+    runs = [(machine_label(here), measured, False)]  # (machine, figures, emulated)
     if emulated:
-        runs[f"emulated {machine_label(emulated['environment'])}"] = emulated["results"]["cases"]
+        runs.append((f"emulated {machine_label(emulated['environment'])}", emulated["results"]["cases"], True))
 
     pi_rank = next(iter(measured))
     rows = []
-    for machine, figures in runs.items():
-        emulated_run = machine.startswith("emulated")
+    for machine, figures, emulated_run in runs:
         for name, m in figures.items():
             # natively VmHWM is the process's own; under QEMU the share the probe read comes off (a report from before the
             # probe read it has none: its peak stands as measured)
@@ -144,7 +143,7 @@ def main() -> None:
         rows,
     )
     if emulated:
-        host, arm = runs.values()
+        (_, host, _), (_, arm, _) = runs
         bench.table(
             "Emulated arm64 against this machine (the same probe)",
             ["case", "x86-64 step ms", "emulated arm64 step ms", "emulated / x86-64"],
