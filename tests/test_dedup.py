@@ -239,10 +239,15 @@ def test_candidate_stage_finds_copies_without_all_pairs_and_no_pair_twice(shared
     names = sorted((shared_data / TALO / "No_findings").iterdir())
     grays = [preprocess.load_gray(p) for p in names]
     copies = [republished(g, "crop up to 20% per side") for g in grays]
-    found = near_duplicates.candidate_pairs([_features(g) for g in grays + copies], per_image=2)
+    described = [_features(g) for g in grays + copies]
+    found = near_duplicates.candidate_pairs(described, per_image=2)
     n = len(grays)
     assert {(i, i + n) for i in range(n)} <= {(i, j) for i, j, _ in found}
     assert len(found) <= 2 * 2 * n  # at most per_image per image, far below the 120 pairs of 16 images
+    for threads in (2, 3):  # word columns in threads: the same pairs and votes, in the same order (ties rank by it)
+        assert list(near_duplicates.candidate_pairs(described, per_image=2, threads=threads).items()) == list(
+            found.items()
+        )
 
 
 def test_pairs_already_joined_are_not_checked_and_the_groups_stay_the_same(shared_data):

@@ -218,12 +218,14 @@ def unpack(blob: bytes) -> Features:
 
 
 def candidate_pairs(
-    all_features: list[Features], min_votes: int = MIN_VOTES, per_image: int = PER_IMAGE
+    all_features: list[Features], min_votes: int = MIN_VOTES, per_image: int = PER_IMAGE, threads: int = 1
 ) -> dict[tuple[int, int, bool], int]:
     """(i, j, mirrored) with i < j -> shared descriptor words, for pairs with at least `min_votes`.
 
     `mirrored` pairs share words between one image and the other's mirror image.
     Work and memory are linear in the number of descriptors (see module doc).
+    `threads` > 1 takes that many word columns at once (numpy's sorts and element-wise loops release the GIL) with
+    the same result: every column's pairs are counted together after all columns are done.
     """
     entries, words = [], []
     for index, item in enumerate(all_features):
@@ -235,8 +237,9 @@ def candidate_pairs(
         return {}
     word_table, entry_of = np.concatenate(words), np.concatenate(entries)
     count = len(all_features)
-    met = []  # one pair id per word two images share
-    for column in range(WORDS_PER_DESCRIPTOR):
+
+    def shared_in(column: int) -> list[np.ndarray]:
+        """One pair id per word of this column two images share."""
         # word and entry packed in one integer: a plain sort (several times faster than argsort) groups the buckets
         packed = np.sort((word_table[:, column].astype(np.uint64) << np.uint64(32)) | entry_of)
         keys, entry = packed >> np.uint64(32), (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)
@@ -244,6 +247,7 @@ def candidate_pairs(
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
         sizes = np.diff(np.r_[starts, len(keys)])
         usable = np.repeat(sizes <= MAX_BUCKET, sizes)  # stop words out
+        met = []
         for gap in range(1, MAX_BUCKET):
             same = (keys[gap:] == keys[:-gap]) & usable[gap:] & usable[:-gap]
             if not same.any():
@@ -253,6 +257,15 @@ def candidate_pairs(
             other = a != b
             low, high = np.minimum(a, b)[other], np.maximum(a, b)[other]
             met.append((low * count + high) * 2 + mirrored[other])
+        return met
+
+    columns = range(WORDS_PER_DESCRIPTOR)
+    if threads > 1:
+        with ThreadPoolExecutor(threads) as pool:
+            per_column = list(pool.map(shared_in, columns))
+    else:  # in this thread: numpy's large temporaries are page-faulted in afresh in a pool thread's malloc arena
+        per_column = [shared_in(column) for column in columns]
+    met = [ids for column in per_column for ids in column]
     if not met:
         return {}
     # a copy shares many words, often several per descriptor: every shared word is one vote
@@ -353,7 +366,8 @@ def confirmed_pairs(
     for i, j in joined:
         join(i, j)
     # a pair already joined through other confirmed copies needs no check of its own: the best voted go first
-    ranked = [pair for pair, _ in sorted(candidate_pairs(all_features).items(), key=lambda item: -item[1])]
+    candidates = candidate_pairs(all_features, threads=max(1, threads))
+    ranked = [pair for pair, _ in sorted(candidates.items(), key=lambda item: -item[1])]
     if threads <= 1:
         for i, j, mirrored in ranked:
             if root(i) != root(j) and (match := check((i, j, mirrored))):
