@@ -194,8 +194,8 @@ def matches(
     min_inliers: int,
     threads: int = 1,
 ) -> list[Match]:
-    """Matches between positions in `order`, stage by stage (`threads`: for the geometric checks; the matches are
-    the same with any number)."""
+    """Matches between positions in `order`, stage by stage (`threads`: for the geometric candidates and checks; the
+    matches are the same with any number)."""
     edges: list[Match] = []
     first_with: dict[bytes, int] = {}
     unique: list[int] = []

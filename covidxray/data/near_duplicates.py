@@ -343,9 +343,10 @@ def confirmed_pairs(
 
     `joined`: pairs known to be copies by other means (the perceptual hash); a pair
     joined through them or through confirmed pairs is not checked.
-    `threads` > 1 checks that many pairs at once (OpenCV releases the GIL) with the same result: the pairs of a
-    window are checked ahead, in vote order, and a check whose pair a better-voted pair of the window joined
-    meanwhile is discarded, as the serial order would not have made it.
+    `threads` > 1 finds the candidates in that many threads (`candidate_pairs`) and checks that many pairs at once
+    (OpenCV releases the GIL) with the same result: the pairs of a window are checked ahead, in vote order, and a
+    check whose pair a better-voted pair of the window joined meanwhile is discarded, as the serial order would not
+    have made it.
     """
     found = []
     group = list(range(len(all_features)))  # union-find over the copies known so far
@@ -366,7 +367,7 @@ def confirmed_pairs(
     for i, j in joined:
         join(i, j)
     # a pair already joined through other confirmed copies needs no check of its own: the best voted go first
-    candidates = candidate_pairs(all_features, threads=max(1, threads))
+    candidates = candidate_pairs(all_features, threads=threads)
     ranked = [pair for pair, _ in sorted(candidates.items(), key=lambda item: -item[1])]
     if threads <= 1:
         for i, j, mirrored in ranked:
