@@ -263,7 +263,7 @@ def candidate_pairs(
     if threads > 1:
         with ThreadPoolExecutor(threads) as pool:
             per_column = list(pool.map(shared_in, columns))
-    else:  # in this thread: numpy's large temporaries are page-faulted in afresh in a pool thread's malloc arena
+    else:  # one column after the other, in this thread
         per_column = [shared_in(column) for column in columns]
     met = [ids for column in per_column for ids in column]
     if not met:
