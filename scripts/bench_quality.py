@@ -109,7 +109,9 @@ RECIPES = {
     "kaggle-nih-pneumonia": {
         "sources": {"chest-xray-pneumonia": "chest-xray-pneumonia-224", "covid19-talo": "covid19-talo-nih-half-512"},
         "task": "pneumonia",
-        "sets": ["data.split=source"],  # the NIH films have no official test folder: all go to train and val
+        # the NIH films have no official test folder; test_fraction 0 sends all of them to train and val, so the test
+        # split is the official Kaggle test folder alone, as in kaggle-pneumonia
+        "sets": ["data.split=source", "data.test_fraction=0"],
         "goals": KAGGLE_TEST_GOALS,
     },
     # few films (issue 23's small-data question): the first 150 train films of each class by name, as
