@@ -12,6 +12,10 @@ Recipes (folders under --data-root, default ../shared/data):
   kaggle-nih-pneumonia  as kaggle-pneumonia, with the adult NIH films of covid19-talo-nih-half-512 (normal and
                     pneumonia) added to training and validation; the same official test folder and goals: whether
                     films of another population in training carry over to the test folder's.
+  kaggle-train-folder  the first 300 films of each class of chest-xray-pneumonia-224's official train folder
+                    alone, split by patient with half of them the test split, batch 16 (--train-films N: the first
+                    N): the pretrained start against random weights on films of one population (the official test
+                    folder's shift decides the other recipes); no goal, a comparison, best with --seeds.
   chest3-merge      covid-chestxray-sample + chest-xray-pneumonia-224 + covid19-talo-sample, task `chest3`,
                     split by patient; goal: no class's sensitivity below 0.80.
   chest3-full       the three sources of chest3-loso (Kaggle: every 3rd file, see --subsample) all in training,
@@ -122,6 +126,17 @@ RECIPES = {
         "task": "pneumonia",
         "sets": ["data.split=source", "train.batch_size=16"],
         "train_films_per_class": 150,
+        "goals": {},
+    },
+    # the ImageNet start against random weights where the test split is no other population (issue 23's test,
+    # tests/test_quality.py): the first 300 films of each class of the official train folder alone, split by
+    # patient, half of them the test split; batch 16. No goal: a comparison, with --seeds
+    "kaggle-train-folder": {
+        "sources": {"chest-xray-pneumonia": "chest-xray-pneumonia-224"},
+        "task": "pneumonia",
+        "sets": ["data.test_fraction=0.5", "train.batch_size=16"],
+        "train_films_per_class": 300,
+        "train_folder_only": True,
         "goals": {},
     },
     "chest3-merge": {
@@ -256,7 +271,7 @@ def quality_bench() -> _bench.Bench:
         "--train-films",
         type=int,
         metavar="N",
-        help="kaggle-few-films: the first N train films of each class instead of the recipe's 150",
+        help="kaggle-few-films, kaggle-train-folder: the first N train films of each class instead of the recipe's",
     )
     bench.parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP_ROUNDS)
     bench.parser.add_argument(
@@ -437,14 +452,14 @@ def subsampled(folder: Path, every: int, out: Path) -> Path:
     return copied_subset(folder, out, lambda _, images: images[::every], f"{folder} {every}")
 
 
-def first_train_films(folder: Path, per_class: int, out: Path) -> Path:
+def first_train_films(folder: Path, per_class: int, out: Path, train_only: bool) -> Path:
     """A copy of `folder` whose folders under a `train` folder keep their first `per_class` images (sorted by name),
-    the rest whole; reused once complete."""
+    the rest whole (`train_only`: left out); reused once complete."""
     return copied_subset(
         folder,
         out,
-        lambda where, images: images[:per_class] if "train" in where.parts else images,
-        f"{folder} first {per_class} train",
+        lambda where, images: images[:per_class] if "train" in where.parts else [] if train_only else images,
+        f"{folder} first {per_class} train{' only' if train_only else ''}",
     )
 
 
@@ -699,9 +714,12 @@ def source_folders(args, recipe: dict, subsample: dict[str, int]) -> dict[str, P
     for name, folder in recipe["sources"].items():
         every = subsample.get(name, 1)
         if "train_films_per_class" in recipe:
-            per_class = recipe["train_films_per_class"]
+            per_class, train_only = recipe["train_films_per_class"], recipe.get("train_folder_only", False)
             folders[name] = first_train_films(
-                args.data_root / folder, per_class, args.workdir / "subsets" / f"{folder}-train{per_class}"
+                args.data_root / folder,
+                per_class,
+                args.workdir / "subsets" / f"{folder}-train{per_class}{'-only' if train_only else ''}",
+                train_only,
             )
         elif every == 1:
             folders[name] = args.data_root / folder
