@@ -14,6 +14,11 @@ between. This benchmark measures where, with the training a user runs:
    backprop covered, also as a share of the compute step (hidden / c).
 5. the step model step = c + o + max(0, a - h), o and h as shares of c: o (what taking part costs a rank
    even when its allreduce hides) from the fastest line, h from the slower lines.
+6. side by side: two plain `covidxray train` at once, no Horovod, pinned to core 0 and core 1 (c2). The two
+   ranks share this VM's caches, memory and (on a VM whose two vCPUs are one core's hyperthreads) execution
+   units, which two boards do not: o splits into that sharing, (c2 - c) / c, and what Horovod itself costs a
+   rank, o_h = o - (c2 - c) / c. The prediction is made with both: o as measured on this VM, and o_h for a
+   board that has its memory and cores to itself (the goal is judged on the latter).
 
 A step is batch / rank 0's images/s in train_log.json, median over epochs 2..E (epoch 1 traces the graph).
 Pinning one rank per core keeps two ranks from sharing a core, as one rank per board does on a cluster.
@@ -27,8 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -75,6 +82,26 @@ def step_seconds(run_dir: Path, batch: int) -> dict:
     history = json.loads((run_dir / "train_log.json").read_text())["epochs"]
     steps = [batch / entry["images_per_s_per_rank"][0] for entry in history[1:]]
     return {"steps_s": steps, "step_s": statistics.median(steps)}
+
+
+def side_by_side_steps(data_dir: Path, args: argparse.Namespace) -> dict:
+    """Two plain trainings at once, one pinned to each core: the step of a rank whose neighbour core is busy."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    runs = [args.workdir / f"run-side-by-side-{core}" for core in (0, 1)]
+    commands = [
+        ["taskset", "-c", str(core), *_bench.covidxray(*train_args(data_dir, run, args))]
+        for core, run in enumerate(runs)
+    ]
+    processes = [
+        subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        for command in commands
+    ]
+    for command, process in zip(commands, processes):
+        _, stderr = process.communicate()
+        if process.returncode != 0:
+            sys.exit(f"side-by-side training failed ({process.returncode}): {shlex.join(command)}\n{stderr[-4000:]}")
+    steps = [step_seconds(run, args.batch_size) for run in runs]
+    return {"per_core": steps, "step_s": statistics.median(step["step_s"] for step in steps)}
 
 
 def pinned_horovodrun(cluster: dict, workdir: Path, command: list[str]) -> None:
@@ -155,6 +182,7 @@ def main() -> None:
         ]
     )
     compute = step_seconds(reference_run, args.batch_size)
+    side_by_side = side_by_side_steps(data_dir, args)
     results: dict = {
         "model": args.model,
         "frozen_stages": args.frozen_stages,
@@ -162,6 +190,7 @@ def main() -> None:
         "batch_size_per_rank": args.batch_size,
     }
     results["reference_one_core"] = compute
+    results["side_by_side"] = side_by_side
 
     rows = []
     for line_mbit in args.line_mbit:
@@ -214,18 +243,27 @@ def main() -> None:
     )
 
     # Step model, fitted to these runs: step = c + o + max(0, a - h). o is what taking part costs a rank even
-    # when the allreduce hides (Horovod's background thread and the network stack on the rank's cores); h is
-    # how much allreduce backprop can cover. Both are taken as shares of the compute step, since both grow
-    # with it. o comes from the fastest line (its allreduce hides: a < h), h from each slower line's exposure.
+    # when the allreduce hides (Horovod's background thread and the network stack on the rank's cores, and here
+    # also the neighbour rank on the VM's other core); h is how much allreduce backprop can cover. Both are taken
+    # as shares of the compute step, since both grow with it. o comes from the fastest line (its allreduce hides:
+    # a < h), h from each slower line's exposure.
     fastest, *slower = sorted(args.line_mbit, reverse=True)
     overhead_share = max(0.0, results[str(fastest)]["exposed_s"]) / compute["step_s"]
+    sharing_share = (side_by_side["step_s"] - compute["step_s"]) / compute["step_s"]
     hidden_shares = [
         overhead_share + (results[str(m)]["allreduce"]["median_s"] - results[str(m)]["exposed_s"]) / compute["step_s"]
         for m in slower
     ]
     hidden_share = min(hidden_shares) if hidden_shares else 0.0  # the least a slower line hid: conservative
+    overheads = {
+        "this VM": overhead_share,
+        # o_h: the neighbour's share taken out (a side-by-side step below the reference is noise, not a gain)
+        "a board to itself": max(0.0, overhead_share - max(0.0, sharing_share)),
+    }
     results["step_model"] = {
         "overhead_share_of_compute": overhead_share,
+        "sharing_share_of_compute": sharing_share,
+        "horovod_overhead_share_of_compute": overheads["a board to itself"],
         "hidden_share_of_compute_per_line": dict(zip(map(str, slower), hidden_shares)),
         "hidden_share_used": hidden_share,
     }
@@ -239,50 +277,62 @@ def main() -> None:
         )
     predicted = predictions[f"{args.model}/none"]
     allreduce_35 = predicted["allreduce_s"]
-    prediction_rows = []
-    for label, step_s in (
+    steps = (
         ("CPU seconds / cores (bench_allreduce.py's figure)", predicted["compute_s"]),
         ("wall clock, idle VM, 2 cores", statistics.median(report["compute"][args.model]["wall_s"])),
         ("one core of this VM (the reference above)", compute["step_s"]),
-    ):
-        exposed_35 = overhead_share * step_s + max(0.0, allreduce_35 - hidden_share * step_s)
-        efficiency = step_s / (step_s + exposed_35)
-        prediction_rows.append(
-            [
-                label,
-                f"{step_s * 1e3:.0f}",
-                f"{allreduce_35 * 1e3:.0f}",
-                f"{step_s / (step_s + allreduce_35):.1%}",
-                f"{exposed_35 * 1e3:.0f}",
-                f"{efficiency:.1%}",
-            ]
-        )
-        results.setdefault("prediction_35", []).append(
-            {
-                "compute": label,
-                "step_s": step_s,
-                "allreduce_s": allreduce_35,
-                "exposed_s": exposed_35,
-                "efficiency": efficiency,
-            }
-        )
-    bench.table(
-        f"{report['boards']} boards at {line} Mbit/s ({args.allreduce_json.name}'s fit): overhead "
-        f"{overhead_share:.2f} and hidden {hidden_share:.2f} of the compute step",
-        ["compute step", "ms", "allreduce, ms", "efficiency, no overlap", "exposed, ms", "efficiency, measured model"],
-        prediction_rows,
     )
+    for overhead_of, overhead in overheads.items():
+        prediction_rows = []
+        for label, step_s in steps:
+            exposed_35 = overhead * step_s + max(0.0, allreduce_35 - hidden_share * step_s)
+            efficiency = step_s / (step_s + exposed_35)
+            prediction_rows.append(
+                [
+                    label,
+                    f"{step_s * 1e3:.0f}",
+                    f"{allreduce_35 * 1e3:.0f}",
+                    f"{step_s / (step_s + allreduce_35):.1%}",
+                    f"{exposed_35 * 1e3:.0f}",
+                    f"{efficiency:.1%}",
+                ]
+            )
+            results.setdefault("prediction_35", []).append(
+                {
+                    "overhead_of": overhead_of,
+                    "compute": label,
+                    "step_s": step_s,
+                    "allreduce_s": allreduce_35,
+                    "exposed_s": exposed_35,
+                    "efficiency": efficiency,
+                }
+            )
+        bench.table(
+            f"{report['boards']} boards at {line} Mbit/s ({args.allreduce_json.name}'s fit), overhead of {overhead_of}: "
+            f"{overhead:.2f} and hidden {hidden_share:.2f} of the compute step",
+            [
+                "compute step",
+                "ms",
+                "allreduce, ms",
+                "efficiency, no overlap",
+                "exposed, ms",
+                "efficiency, measured model",
+            ],
+            prediction_rows,
+        )
     # The step model gives efficiency 1 / (1 + o + max(0, a35 / c - h)): >= 90% once o + a35 / c - h <= 1/9.
-    step_for_90 = allreduce_35 / (1 / 9 - overhead_share + hidden_share) if overhead_share < 1 / 9 else None
+    # Judged for boards: each has its memory and cores to itself, so the neighbour's share is not theirs.
+    board_overhead = overheads["a board to itself"]
+    step_for_90 = allreduce_35 / (1 / 9 - board_overhead + hidden_share) if board_overhead < 1 / 9 else None
     results["step_for_90_percent_s"] = step_for_90
-    best = max(row["efficiency"] for row in results["prediction_35"])
+    best = max(row["efficiency"] for row in results["prediction_35"] if row["overhead_of"] == "a board to itself")
     bench.at_least(
-        f"predicted {report['boards']}-board efficiency, {args.model}, measured step model",
+        f"predicted {report['boards']}-board efficiency, {args.model}, measured step model, a board to itself",
         best,
         0.90,
         f"90% needs a board step of {step_for_90 * 1e3:.0f} ms or more"
         if step_for_90 is not None
-        else f"no step reaches 90%: the overhead alone is {overhead_share:.2f} of the step",
+        else f"no step reaches 90%: the overhead alone is {board_overhead:.2f} of the step",
     )
     bench.finish(args, results)
 
