@@ -30,6 +30,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
+# A benchmark measures the checkout it runs from. The venv's editable install points at the checkout
+# scripts/install.sh ran in, so one run from a worktree at another commit (its .venv linked) would otherwise import
+# and launch that other checkout's covidxray: REPO goes first on this process's path and, through PYTHONPATH
+# (which wins over the editable install's finder, and which horovodrun passes on to its ranks), on every
+# command it starts. scripts/revalidate_prepared.py does the same for its worktrees.
+sys.path.insert(1, str(REPO))
+os.environ["PYTHONPATH"] = os.pathsep.join(path for path in (str(REPO), os.environ.get("PYTHONPATH")) if path)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 PACKAGES = (

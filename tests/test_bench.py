@@ -50,6 +50,26 @@ def run_bench(name: str, workdir, *flags: str) -> dict:
     return json.loads(out.read_text())
 
 
+def test_a_benchmark_runs_the_covidxray_of_the_checkout_it_is_in(tmp_path):
+    """Run from another checkout (a worktree at the commit it measures, the venv linked), a benchmark imports and
+    launches that checkout's covidxray, not the one the venv's editable install points at."""
+    checkout = tmp_path / "worktree"
+    (checkout / "scripts").mkdir(parents=True)
+    (checkout / "scripts" / "_bench.py").write_text((REPO / "scripts" / "_bench.py").read_text())
+    (checkout / "covidxray").mkdir()
+    (checkout / "covidxray" / "__init__.py").write_text("")
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import _bench, covidxray; print(covidxray.__file__); "
+        "print(_bench.run([sys.executable, '-c', 'import covidxray; print(covidxray.__file__)']).stdout, end='')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, str(checkout / "scripts")], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    own = str(checkout / "covidxray" / "__init__.py")
+    assert result.stdout.splitlines() == [own, own]  # in the benchmark's process and in a command it starts
+
+
 def check_report(report: dict, name: str) -> None:
     assert report["benchmark"] == name
     assert report["quick"] is True
