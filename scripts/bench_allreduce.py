@@ -47,6 +47,7 @@ import _ring
 # What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
 # (scripts/stale_benchmarks.py): the probe and the fit; the models only lend their gradient sizes and the compute step time.
 MEASURES = (
+    "covidxray/config.py",  # the defaults every run takes what it is not told
     "scripts/_allreduce_probe.py",
     "scripts/_ring.py",
     "scripts/netcluster.sh",

@@ -44,6 +44,7 @@ import _bench
 # What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
 # (scripts/stale_benchmarks.py): dedup itself, and the decode it is weighed against.
 MEASURES = (
+    "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/data/dedup.py",
     "covidxray/data/near_duplicates.py",
     "covidxray/edge/preprocess.py",

@@ -54,6 +54,7 @@ from covidxray.sidecar import Sidecar
 # What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
 # (scripts/stale_benchmarks.py): the predict path and its checks, and the image sets (the model is an input: --run-dir).
 MEASURES = (
+    "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/edge",
     "scripts/gate_corpus.py",
     "scripts/gate_held_out.py",

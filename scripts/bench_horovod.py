@@ -41,6 +41,7 @@ import _bench
 # What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
 # (scripts/stale_benchmarks.py): the training loop and the input pipeline under Horovod.
 MEASURES = (
+    "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/train",
     "covidxray/data/tfrecord.py",
 )

@@ -23,6 +23,7 @@ import _bench
 # What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
 # (scripts/stale_benchmarks.py): the input pipeline, the model step it is weighed against, and the thread setup.
 MEASURES = (
+    "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/train/input.py",
     "covidxray/train/models.py",
     "covidxray/train/distributed.py",

@@ -45,6 +45,7 @@ from bench_allreduce import horovodrun_on_boards, netcluster, state
 # What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
 # (scripts/stale_benchmarks.py): training under Horovod over the emulated network, and the allreduce probe.
 MEASURES = (
+    "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/train",
     "scripts/_allreduce_probe.py",
     "scripts/netcluster.sh",

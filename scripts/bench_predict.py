@@ -38,6 +38,7 @@ from covidxray.run_folder import MODEL_FILE, sidecar_path, tflite_name
 # What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
 # (scripts/stale_benchmarks.py): the edge runtime, the exported formats, and the model whose size and latency it reports.
 MEASURES = (
+    "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/edge",
     "covidxray/export",
     "covidxray/train/models.py",

@@ -54,6 +54,7 @@ import _bench
 # What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
 # (scripts/stale_benchmarks.py): prepare end to end (listing, decode, dedup, split, shards) and the decode floor.
 MEASURES = (
+    "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/data",
     "covidxray/edge/preprocess.py",
     "covidxray/edge/radiograph_gate.py",  # decode runs the gate on every image

@@ -55,6 +55,7 @@ import numpy as np
 # What the figures depend on; a change to any makes this benchmark's docs/bench reports stale
 # (scripts/stale_benchmarks.py): preparing the data, training, evaluating.
 MEASURES = (
+    "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/data",
     "covidxray/sources",
     "covidxray/edge/preprocess.py",

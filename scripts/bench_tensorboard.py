@@ -29,6 +29,7 @@ import _bench
 
 # What the figures depend on (scripts/stale_benchmarks.py): the trainer and its board, and the report.
 MEASURES = (
+    "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/train/tensorboard.py",
     "covidxray/train/trainer.py",
     "covidxray/report",

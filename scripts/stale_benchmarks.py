@@ -9,7 +9,10 @@ when a declared path differs between that commit and the working tree. That is
 a tree comparison (`git diff`), so a report written on a branch that landed
 later is judged by what it measured, not by the history in between; a Python
 file whose syntax tree is unchanged (reformatted, other comments), or a YAML
-file whose data is, counts as unchanged. docs/bench/known_stale.toml lists the reports known to be stale,
+file whose data is, counts as unchanged; in Python a dataclass field another
+commit added, or a `setting(...)`'s allowed range, is no change either (so
+covidxray/config.py, measured by every benchmark for its defaults, stales a
+report when a default changes, not when a feature adds a setting). docs/bench/known_stale.toml lists the reports known to be stale,
 each with why and what re-running it needs; tests/test_bench_fresh.py fails on
 any other stale report and on a listed report that is fresh again.
 
@@ -168,12 +171,18 @@ def changed_between(repo: Path, old: str, new: str | None, paths: tuple[str, ...
 
 def _same_meaning(path: str, before: bytes | None, after: bytes | None) -> bool:
     """Python source whose syntax tree is unchanged, or YAML whose data is: only formatting or comments differ
-    (a `ruff format` commit, a config comment updated with a new measurement)."""
-    if before is None or after is None or Path(path).suffix not in _MEANING:
+    (a `ruff format` commit, a config comment updated with a new measurement). In Python, dataclass fields are
+    compared as `_python_reading` says: a field added, or a setting's allowed range changed, is no change."""
+    if before is None or after is None:
         return False
-    meaning = _MEANING[Path(path).suffix]
-    reading = meaning(before)
-    return reading is not None and reading == meaning(after)
+    if Path(path).suffix == ".py":
+        old, new = _python_reading(before), _python_reading(after)
+        if old is None or new is None:
+            return False
+        (code, fields), (new_code, new_fields) = old, new
+        return code == new_code and all(new_fields.get(name) == declared for name, declared in fields.items())
+    reading = _yaml_data(before)
+    return reading is not None and reading == _yaml_data(after)
 
 
 def _blobs(repo: Path, specs: list[str]) -> list[bytes | None]:
@@ -197,13 +206,47 @@ def _blobs(repo: Path, specs: list[str]) -> list[bytes | None]:
     return blobs
 
 
+# covidxray/strict.py's `setting(default, *, low, high, above, choices, default_factory)`: the keywords that only
+# say which values a config may hold
+_SETTING_LIMITS = {"low", "high", "above", "choices"}
+
+
 @functools.cache
-def _syntax_tree(source: bytes) -> str | None:
-    """The syntax tree of Python source (no formatting, no comments); None when it does not parse."""
+def _python_reading(source: bytes) -> tuple[str, dict[str, str]] | None:
+    """(the syntax tree of Python source without its dataclass fields, each dataclass field's declaration by
+    "Class.field"); no formatting, no comments; None when it does not parse.
+
+    Fields are read apart because of covidxray/config.py, whose defaults decide what every benchmark runs with: a
+    changed or removed field changes the file, but a field another commit added does not (only code that reads it
+    can change a figure, and that code changed too), nor does a `setting(...)`'s allowed range (a command that ran
+    before holds values inside the old range; a narrower one refuses it rather than changing its figures)."""
     try:
-        return ast.dump(ast.parse(source))
+        tree = ast.parse(source)
     except SyntaxError:
         return None
+    fields = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(_names_dataclass(decorator) for decorator in node.decorator_list):
+            kept = []
+            for statement in node.body:
+                if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+                    fields[f"{node.name}.{statement.target.id}"] = ast.dump(_without_limits(statement))
+                else:
+                    kept.append(statement)
+            node.body = kept
+    return ast.dump(tree), fields
+
+
+def _names_dataclass(decorator: ast.expr) -> bool:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return getattr(target, "id", getattr(target, "attr", None)) == "dataclass"
+
+
+def _without_limits(field: ast.AnnAssign) -> ast.AnnAssign:
+    value = field.value
+    if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "setting":
+        value.keywords = [keyword for keyword in value.keywords if keyword.arg not in _SETTING_LIMITS]
+    return field
 
 
 @functools.cache
@@ -217,8 +260,8 @@ def _yaml_data(source: bytes) -> str | None:
         return None
 
 
-# Files whose meaning can be compared instead of their bytes, by suffix
-_MEANING = {".py": _syntax_tree, ".yaml": _yaml_data, ".yml": _yaml_data}
+# Files whose meaning can be compared instead of their bytes (`_same_meaning`), by suffix
+_MEANING = (".py", ".yaml", ".yml")
 
 
 def rerun_command(report: dict, report_path: Path) -> str:

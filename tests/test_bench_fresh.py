@@ -6,6 +6,7 @@ repositories whose history is known, then on this repository's reports.
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -99,6 +100,44 @@ def test_a_yaml_config_counts_as_changed_only_when_its_data_does(repo):
     assert stale(repo) == {"fake.json": ("configs/fake.yaml",)}  # a string is not the number
     write(repo, "configs/fake.yaml", "train: [\n")
     assert stale(repo) == {"fake.json": ("configs/fake.yaml",)}  # no data to compare: any change counts
+
+
+SETTINGS = """from dataclasses import dataclass, field
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = setting(10, low=1, high=100)
+    formats: list = field(default_factory=lambda: ["float32"])
+
+
+def load():
+    return TrainConfig()
+"""
+
+
+@pytest.mark.parametrize(
+    ("edit", "is_stale"),
+    [
+        (("high=100)", "high=1000)"), False),  # a wider range: every command that ran before runs the same
+        (("low=1, high=100", "choices=(10, 20)"), False),
+        (('["float32"])\n', '["float32"])\n    batch: int = setting(32, low=1)\n'), False),  # a new setting
+        (("setting(10,", "setting(12,"), True),  # a default
+        (('["float32"]', '["int8"]'), True),
+        (("epochs: int", "epochs: float"), True),
+        (("    epochs: int = setting(10, low=1, high=100)\n", ""), True),  # a setting removed
+        (("return TrainConfig()", "return TrainConfig(epochs=3)"), True),  # code besides the fields
+    ],
+)
+def test_a_settings_module_counts_as_changed_when_a_default_does_not_when_a_range_or_new_setting_does(
+    repo, edit, is_stale
+):
+    """covidxray/config.py is measured by every benchmark for its defaults; a setting added for a new feature or
+    a range widened must not make every report stale, a changed default must."""
+    write(repo, "pkg/measured.py", SETTINGS)
+    write_report(repo, commit_all(repo, "settings"))
+    write(repo, "pkg/measured.py", SETTINGS.replace(*edit))
+    assert stale(repo) == ({"fake.json": ("pkg/measured.py",)} if is_stale else {})
 
 
 def test_a_report_from_a_branch_is_judged_by_what_it_measured(repo):
@@ -249,6 +288,45 @@ def test_every_benchmark_declares_paths_that_exist():
         declared = stale_benchmarks.declared_measures(script) + stale_benchmarks.declared_prepared_via(script)
         for path in declared:
             assert (REPO / path).exists(), f"{script.name} declares {path}, which does not exist"
+
+
+def covidxray_imports(path: Path) -> set[Path]:
+    """The covidxray modules (and their packages) `path` imports anywhere in it, as files of this repository."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+    files = set()
+    for name in names:
+        parts = name.split(".")
+        for end in range(1, len(parts) + 1) if parts[0] == "covidxray" else ():
+            module = REPO.joinpath(*parts[:end])
+            files.update(f for f in (module / "__init__.py", module.with_suffix(".py")) if f.is_file())
+    return files
+
+
+def test_every_benchmark_that_reaches_the_settings_declares_them():
+    """What a benchmark runs takes covidxray/config.py's defaults for all it is not told (the dedup thresholds, the
+    image size, the learning rate): a benchmark whose script or measured code imports it, directly or not,
+    declares it, or a changed default would leave its reports fresh."""
+    settings = REPO / "covidxray" / "config.py"
+    for script in sorted((REPO / "scripts").glob("bench_*.py")):
+        measures = stale_benchmarks.declared_measures(script)
+        measured = {
+            f for path in measures for f in ([REPO / path] if path.endswith(".py") else (REPO / path).rglob("*.py"))
+        }
+        todo, reached = [script, *measured], set()
+        while todo:
+            module = todo.pop()
+            if module not in reached:
+                reached.add(module)
+                todo.extend(covidxray_imports(module) - reached)
+        if settings in reached:
+            assert "covidxray/config.py" in measures, (
+                f"{script.name} reaches covidxray/config.py: declare it in MEASURES"
+            )
 
 
 def test_no_report_is_stale_unless_known():
