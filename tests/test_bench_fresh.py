@@ -348,6 +348,37 @@ def test_no_report_is_stale_unless_known():
     assert not fresh_again, f"fresh again, remove from {stale_benchmarks.KNOWN_STALE}: {', '.join(fresh_again)}"
 
 
+def test_the_readme_quotes_the_reports_as_they_are():
+    """README.md's table of latest figures is scripts/summarize_benchmarks.py's output, so no figure there differs from the
+    report it names; after re-running a benchmark, `python scripts/summarize_benchmarks.py --write`."""
+    import summarize_benchmarks
+
+    quoted = summarize_benchmarks.readme_table((REPO / "README.md").read_text())
+    assert quoted is not None, "README.md lost summarize_benchmarks.py's markers"
+    assert quoted == summarize_benchmarks.table(), (
+        "README.md's figures differ from docs/bench: run scripts/summarize_benchmarks.py --write"
+    )
+
+
+def test_the_summary_shows_each_goal_of_a_report_and_marks_the_missed(tmp_path, monkeypatch):
+    import summarize_benchmarks
+
+    report = {
+        "environment": {"git_commit": "0123456789abcdef"},
+        "date": "2026-12-07T23:00:00+00:00",
+        "goals": [
+            {"goal": "speed-up", "met": False, "measured": 1.6213, "target": ">= 1.8", "note": ""},
+            {"goal": "failed requests", "met": True, "measured": 0, "target": "<= 0", "note": ""},
+        ],
+    }
+    write(tmp_path, "docs/bench/fake.json", json.dumps(report))
+    monkeypatch.setattr(summarize_benchmarks, "HEADLINES", (("fake.json", "a fake benchmark"),))
+    assert summarize_benchmarks.table(tmp_path).splitlines()[2] == (
+        "| [a fake benchmark](docs/bench/fake.json) | 0123456, 2026-12-07 | 1 of 2 | "
+        "**speed-up: 1.621 (>= 1.8)**; failed requests: 0 (<= 0) |"
+    )
+
+
 def test_the_prepares_a_leave_one_out_report_runs_are_spelled_once(tmp_path):
     """bench_quality.prepares_and_copy_checks, which the benchmark runs and scripts/revalidate_prepared.py replays."""
     import bench_quality
