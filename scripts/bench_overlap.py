@@ -246,8 +246,10 @@ def main() -> None:
     # Step model, fitted to these runs: step = c + o + max(0, a - h). o is what taking part costs a rank even
     # when the allreduce hides (Horovod's background thread and the network stack on the rank's cores, and here
     # also the neighbour rank on the VM's other core); h is how much allreduce backprop can cover. Both are taken
-    # as shares of the compute step, since both grow with it. o comes from the fastest line (its allreduce hides:
-    # a < h), h from each slower line's exposure.
+    # as shares of the compute step, since both grow with it. o comes from the fastest line, all of whose exposure
+    # the model counts as o (it assumes that line's allreduce hides, a < h; at 1 GbE the runs expose more than the
+    # allreduce alone takes, so o there is mostly a per-batch cost: docs/benchmarks.md §5), h from each slower
+    # line's exposure.
     fastest, *slower = sorted(args.line_mbit, reverse=True)
     overhead_share = max(0.0, results[str(fastest)]["exposed_s"]) / compute["step_s"]
     sharing_share = (side_by_side["step_s"] - compute["step_s"]) / compute["step_s"]
