@@ -48,6 +48,7 @@ import _ring
 # (scripts/stale_benchmarks.py): the probe and the fit; the models only lend their gradient sizes and the compute step time.
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
+    "covidxray/strict.py",  # how each setting is read and checked
     "scripts/_allreduce_probe.py",
     "scripts/_ring.py",
     "scripts/netcluster.sh",

@@ -45,6 +45,7 @@ import _bench
 # (scripts/stale_benchmarks.py): dedup itself, and the decode it is weighed against.
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
+    "covidxray/strict.py",  # how each setting is read and checked
     "covidxray/data/dedup.py",
     "covidxray/data/near_duplicates.py",
     "covidxray/edge/preprocess.py",

@@ -55,6 +55,7 @@ from covidxray.sidecar import Sidecar
 # (scripts/stale_benchmarks.py): the predict path and its checks, and the image sets (the model is an input: --run-dir).
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
+    "covidxray/strict.py",  # how each setting is read and checked
     "covidxray/edge",
     "scripts/gate_corpus.py",
     "scripts/gate_held_out.py",

@@ -42,6 +42,7 @@ import _bench
 # (scripts/stale_benchmarks.py): the training loop and the input pipeline under Horovod.
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
+    "covidxray/strict.py",  # how each setting is read and checked
     "covidxray/train",
     "covidxray/data/tfrecord.py",
 )

@@ -24,6 +24,7 @@ import _bench
 # (scripts/stale_benchmarks.py): the input pipeline, the model step it is weighed against, and the thread setup.
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
+    "covidxray/strict.py",  # how each setting is read and checked
     "covidxray/train/input.py",
     "covidxray/train/models.py",
     "covidxray/train/distributed.py",

@@ -46,6 +46,7 @@ from bench_allreduce import horovodrun_on_boards, netcluster, state
 # (scripts/stale_benchmarks.py): training under Horovod over the emulated network, and the allreduce probe.
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
+    "covidxray/strict.py",  # how each setting is read and checked
     "covidxray/train",
     "scripts/_allreduce_probe.py",
     "scripts/netcluster.sh",

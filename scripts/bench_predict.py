@@ -39,6 +39,7 @@ from covidxray.run_folder import MODEL_FILE, sidecar_path, tflite_name
 # (scripts/stale_benchmarks.py): the edge runtime, the exported formats, and the model whose size and latency it reports.
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
+    "covidxray/strict.py",  # how each setting is read and checked
     "covidxray/edge",
     "covidxray/export",
     "covidxray/train/models.py",

@@ -55,6 +55,7 @@ import _bench
 # (scripts/stale_benchmarks.py): prepare end to end (listing, decode, dedup, split, shards) and the decode floor.
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
+    "covidxray/strict.py",  # how each setting is read and checked
     "covidxray/data",
     "covidxray/edge/preprocess.py",
     "covidxray/edge/radiograph_gate.py",  # decode runs the gate on every image

@@ -56,6 +56,7 @@ import numpy as np
 # (scripts/stale_benchmarks.py): preparing the data, training, evaluating.
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
+    "covidxray/strict.py",  # how each setting is read and checked
     "covidxray/data",
     "covidxray/sources",
     "covidxray/edge/preprocess.py",

@@ -40,6 +40,7 @@ from serving import start_server, stop_server  # noqa: E402  the tests' own way 
 # (scripts/stale_benchmarks.py): the server, and the predict path and runtime it runs.
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
+    "covidxray/strict.py",  # how each setting is read and checked
     "covidxray/serve",
     "covidxray/edge",
 )

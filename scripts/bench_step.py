@@ -38,6 +38,7 @@ import _bench
 # What the figures depend on (scripts/stale_benchmarks.py): the models, how train freezes them, the probe.
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
+    "covidxray/strict.py",  # how each setting is read and checked
     "scripts/_step_probe.py",
     "covidxray/train/models.py",
     "covidxray/train/efficientnet_lite.py",

@@ -30,6 +30,7 @@ import _bench
 # What the figures depend on (scripts/stale_benchmarks.py): the trainer and its board, and the report.
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
+    "covidxray/strict.py",  # how each setting is read and checked
     "covidxray/train/tensorboard.py",
     "covidxray/train/trainer.py",
     "covidxray/report",

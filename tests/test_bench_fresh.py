@@ -307,11 +307,12 @@ def covidxray_imports(path: Path) -> set[Path]:
     return files
 
 
-def test_every_benchmark_that_reaches_the_settings_declares_them():
+@pytest.mark.parametrize("settings", ["covidxray/config.py", "covidxray/strict.py"])
+def test_every_benchmark_that_reaches_the_settings_declares_them(settings):
     """What a benchmark runs takes covidxray/config.py's defaults for all it is not told (the dedup thresholds, the
-    image size, the learning rate): a benchmark whose script or measured code imports it, directly or not,
-    declares it, or a changed default would leave its reports fresh."""
-    settings = REPO / "covidxray" / "config.py"
+    image size, the learning rate), each value read and checked by covidxray/strict.py: a benchmark whose script
+    or measured code imports them, directly or not, declares them, or a changed default would leave its reports
+    fresh."""
     for script in sorted((REPO / "scripts").glob("bench_*.py")):
         measures = stale_benchmarks.declared_measures(script)
         measured = {
@@ -323,10 +324,8 @@ def test_every_benchmark_that_reaches_the_settings_declares_them():
             if module not in reached:
                 reached.add(module)
                 todo.extend(covidxray_imports(module) - reached)
-        if settings in reached:
-            assert "covidxray/config.py" in measures, (
-                f"{script.name} reaches covidxray/config.py: declare it in MEASURES"
-            )
+        if REPO / settings in reached:
+            assert settings in measures, f"{script.name} reaches {settings}: declare it in MEASURES"
 
 
 def test_no_report_is_stale_unless_known():
