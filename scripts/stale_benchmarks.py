@@ -219,7 +219,10 @@ def _python_reading(source: bytes) -> tuple[str, dict[str, str]] | None:
     Fields are read apart because of covidxray/config.py, whose defaults decide what every benchmark runs with: a
     changed or removed field changes the file, but a field another commit added does not (only code that reads it
     can change a figure, and that code changed too), nor does a `setting(...)`'s allowed range (a command that ran
-    before holds values inside the old range; a narrower one refuses it rather than changing its figures)."""
+    before holds values inside the old range; a narrower one refuses it rather than changing its figures). The
+    assumption: no code computes with the list of a dataclass's fields. Here `dataclasses.asdict` and `fields`
+    only write records (config.yaml, manifest.json, reports), parse a config's keys, or name a phantom set's
+    cache folder; code that iterated over fields to decide what to run would need its class compared whole."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
