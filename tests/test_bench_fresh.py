@@ -104,6 +104,8 @@ def test_a_yaml_config_counts_as_changed_only_when_its_data_does(repo):
 
 SETTINGS = """from dataclasses import dataclass, field
 
+from strict import setting
+
 
 @dataclass
 class TrainConfig:
@@ -348,8 +350,8 @@ def test_no_report_is_stale_unless_known():
 
 
 def test_the_readme_quotes_the_reports_as_they_are():
-    """README.md's table of latest figures is scripts/summarize_benchmarks.py's output, so no figure there differs from the
-    report it names; after re-running a benchmark, `python scripts/summarize_benchmarks.py --write`."""
+    """README.md's table of latest figures is scripts/summarize_benchmarks.py's output, so no figure there differs
+    from the report it names; after re-running a benchmark, `python scripts/summarize_benchmarks.py --write`."""
     import summarize_benchmarks
 
     quoted = summarize_benchmarks.readme_table((REPO / "README.md").read_text())
