@@ -180,7 +180,8 @@ def _same_meaning(path: str, before: bytes | None, after: bytes | None) -> bool:
         if old is None or new is None:
             return False
         (code, fields), (new_code, new_fields) = old, new
-        return code == new_code and all(new_fields.get(name) == declared for name, declared in fields.items())
+        kept_order = [name for name in new_fields if name in fields] == list(fields)  # positional construction
+        return code == new_code and kept_order and all(new_fields.get(name) == value for name, value in fields.items())
     reading = _yaml_data(before)
     return reading is not None and reading == _yaml_data(after)
 
@@ -217,7 +218,7 @@ def _python_reading(source: bytes) -> tuple[str, dict[str, str]] | None:
     "Class.field"); no formatting, no comments; None when it does not parse.
 
     Fields are read apart because of covidxray/config.py, whose defaults decide what every benchmark runs with: a
-    changed or removed field changes the file, but a field another commit added does not (only code that reads it
+    changed, removed or moved field changes the file, but a field another commit added does not (only code that reads it
     can change a figure, and that code changed too), nor does a `setting(...)`'s allowed range (a command that ran
     before holds values inside the old range; a narrower one refuses it rather than changing its figures). The
     assumption: no code computes with the list of a dataclass's fields. Here `dataclasses.asdict` and `fields`

@@ -102,16 +102,16 @@ def test_a_yaml_config_counts_as_changed_only_when_its_data_does(repo):
     assert stale(repo) == {"fake.json": ("configs/fake.yaml",)}  # no data to compare: any change counts
 
 
-SETTINGS = """from dataclasses import dataclass, field
+EPOCHS = "    epochs: int = setting(10, low=1, high=100)\n"
+FORMATS = '    formats: list = field(default_factory=lambda: ["float32"])\n'
+SETTINGS = f"""from dataclasses import dataclass, field
 
 from strict import setting
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = setting(10, low=1, high=100)
-    formats: list = field(default_factory=lambda: ["float32"])
-
+{EPOCHS}{FORMATS}
 
 def load():
     return TrainConfig()
@@ -128,6 +128,10 @@ def load():
         (('["float32"]', '["int8"]'), True),
         (("epochs: int", "epochs: float"), True),
         (("    epochs: int = setting(10, low=1, high=100)\n", ""), True),  # a setting removed
+        (  # the same settings in another order: a positional TrainConfig(...) means something else
+            (EPOCHS + FORMATS, FORMATS + EPOCHS),
+            True,
+        ),
         (("return TrainConfig()", "return TrainConfig(epochs=3)"), True),  # code besides the fields
     ],
 )
