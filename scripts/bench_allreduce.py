@@ -49,6 +49,8 @@ import _ring
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/strict.py",  # how each setting is read and checked
+    "covidxray/registry.py",  # which model, source, task or format a name means
+    "covidxray/records.py",  # a record's fields and the label vocabulary
     "scripts/_allreduce_probe.py",
     "scripts/_ring.py",
     "scripts/netcluster.sh",

@@ -56,6 +56,7 @@ from covidxray.sidecar import Sidecar
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/strict.py",  # how each setting is read and checked
+    "covidxray/records.py",  # a record's fields and the label vocabulary
     "covidxray/edge",
     "scripts/gate_corpus.py",
     "scripts/gate_held_out.py",

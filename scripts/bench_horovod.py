@@ -43,6 +43,9 @@ import _bench
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/strict.py",  # how each setting is read and checked
+    "covidxray/registry.py",  # which model, source, task or format a name means
+    "covidxray/manifest.py",  # which shards of which split a run reads
+    "covidxray/records.py",  # a record's fields and the label vocabulary
     "covidxray/train",
     "covidxray/data/tfrecord.py",
 )

@@ -47,6 +47,9 @@ from bench_allreduce import horovodrun_on_boards, netcluster, state
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/strict.py",  # how each setting is read and checked
+    "covidxray/registry.py",  # which model, source, task or format a name means
+    "covidxray/manifest.py",  # which shards of which split a run reads
+    "covidxray/records.py",  # a record's fields and the label vocabulary
     "covidxray/train",
     "scripts/_allreduce_probe.py",
     "scripts/netcluster.sh",

@@ -40,6 +40,9 @@ from covidxray.run_folder import MODEL_FILE, sidecar_path, tflite_name
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/strict.py",  # how each setting is read and checked
+    "covidxray/registry.py",  # which model, source, task or format a name means
+    "covidxray/manifest.py",  # which shards of which split a run reads
+    "covidxray/records.py",  # a record's fields and the label vocabulary
     "covidxray/edge",
     "covidxray/export",
     "covidxray/train/models.py",

@@ -56,6 +56,8 @@ import _bench
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/strict.py",  # how each setting is read and checked
+    "covidxray/registry.py",  # which model, source, task or format a name means
+    "covidxray/records.py",  # a record's fields and the label vocabulary
     "covidxray/data",
     "covidxray/edge/preprocess.py",
     "covidxray/edge/radiograph_gate.py",  # decode runs the gate on every image

@@ -41,6 +41,7 @@ from serving import start_server, stop_server  # noqa: E402  the tests' own way 
 MEASURES = (
     "covidxray/config.py",  # the defaults every run takes what it is not told
     "covidxray/strict.py",  # how each setting is read and checked
+    "covidxray/records.py",  # a record's fields and the label vocabulary
     "covidxray/serve",
     "covidxray/edge",
 )

@@ -313,12 +313,22 @@ def covidxray_imports(path: Path) -> set[Path]:
     return files
 
 
-@pytest.mark.parametrize("settings", ["covidxray/config.py", "covidxray/strict.py"])
-def test_every_benchmark_that_reaches_the_settings_declares_them(settings):
-    """What a benchmark runs takes covidxray/config.py's defaults for all it is not told (the dedup thresholds, the
-    image size, the learning rate), each value read and checked by covidxray/strict.py: a benchmark whose script
-    or measured code imports them, directly or not, declares them, or a changed default would leave its reports
-    fresh."""
+# Modules every stage goes through to decide what it reads and runs with: the defaults of all a run is not told
+# (the dedup thresholds, the image size, the learning rate) and how each value is read and checked, which model,
+# source or task a name means, which shards of which split a run reads, a record's fields and labels.
+SHARED = [
+    "covidxray/config.py",
+    "covidxray/strict.py",
+    "covidxray/registry.py",
+    "covidxray/manifest.py",
+    "covidxray/records.py",
+]
+
+
+@pytest.mark.parametrize("shared", SHARED)
+def test_every_benchmark_declares_the_shared_modules_it_reaches(shared):
+    """A benchmark whose script or measured code imports one of SHARED, directly or not, declares it, or a changed
+    default (say) would leave its reports fresh."""
     for script in sorted((REPO / "scripts").glob("bench_*.py")):
         measures = stale_benchmarks.declared_measures(script)
         measured = {
@@ -330,8 +340,8 @@ def test_every_benchmark_that_reaches_the_settings_declares_them(settings):
             if module not in reached:
                 reached.add(module)
                 todo.extend(covidxray_imports(module) - reached)
-        if REPO / settings in reached:
-            assert settings in measures, f"{script.name} reaches {settings}: declare it in MEASURES"
+        if REPO / shared in reached:
+            assert shared in measures, f"{script.name} reaches {shared}: declare it in MEASURES"
 
 
 def test_no_report_is_stale_unless_known():
