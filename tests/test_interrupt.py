@@ -175,6 +175,25 @@ def stop_and_check(job: subprocess.Popen, signum: int) -> tuple[int, str]:
     return job.returncode, stderr
 
 
+def test_a_stopped_pool_leaves_no_manager_thread_ending_when_the_process_exits():
+    """Python 3.11's concurrent.futures exit hook wakes each pool's manager thread through a pipe that thread closes
+    as it ends, without a lock: a Ctrl-C whose process exits while the thread is still ending printed an
+    `OSError: [Errno 9] Bad file descriptor` traceback after prepare's message. stop_pool waits for the thread."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
+    futures = [pool.submit(time.sleep, 60) for _ in range(4)]
+    deadline = time.monotonic() + 60
+    while not any(future.running() for future in futures) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    manager = pool._executor_manager_thread
+    assert manager is not None and manager.is_alive()
+    decode_pool.stop_pool(pool)
+    assert not manager.is_alive()
+    assert all(future.done() for future in futures)  # each ended with BrokenProcessPool, none left waiting
+
+
 @pytest.mark.slow
 def test_ctrl_c_at_random_moments_of_decoding_never_hangs_and_leaves_no_process(many_films, tmp_path):
     chance = random.Random(25)

@@ -46,6 +46,8 @@ DECODE_TIMEOUT = "decode-timeout"  # the reason of a file dropped for decoding l
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): the signal this process gets when its parent ends
 _LIVENESS_CHECK_S = 1.0  # how often the pool's workers are checked for one that died
+# A stopped pool's manager thread ends within milliseconds; the bound only keeps an unforeseen hang out of Ctrl-C
+_MANAGER_EXIT_S = 10.0
 Job = tuple[str, int, int]  # (path, image size, max pixels)
 Log = Callable[[str], None]
 Outcome = Any  # what the decode function returns for a job, passed on to `take` as it is
@@ -118,18 +120,26 @@ class _PoolEnd:
 
 
 def stop_pool(pool: ProcessPoolExecutor) -> None:
-    """Stop `pool` at once, without waiting for anything: kill every worker, and close our end of the result pipe
-    so that the executor's manager thread, even one reading half a message from a killed worker, sees its end.
+    """Stop `pool` at once, without waiting for any decode: kill every worker, and close our end of the result pipe
+    so that the executor's manager thread, even one reading half a message from a killed worker, sees its end;
+    then let that thread finish (milliseconds, with nothing left to wait for).
 
-    (ProcessPoolExecutor only gained kill_workers() in Python 3.14; this is it, plus the pipe.)
+    (ProcessPoolExecutor only gained kill_workers() in Python 3.14; this is it, plus the pipe.) The wait is for
+    Python 3.11's exit: concurrent.futures' exit hook wakes every pool's manager thread through a pipe the thread
+    closes as it ends, unlocked (cpython gh-125451, locked from 3.12), so a Ctrl-C whose process exits while this
+    thread is still ending could print an `OSError: [Errno 9] Bad file descriptor` traceback after prepare's
+    message (seen in one of two full test runs: tests/test_interrupt.py).
     """
     processes = list((pool._processes or {}).values())
     results = pool._result_queue
+    manager: threading.Thread | None = pool._executor_manager_thread  # type: ignore[assignment]  # shutdown() forgets it
     pool.shutdown(wait=False)  # no cancel_futures: every future then ends with BrokenProcessPool, none Cancelled
     for process in processes:
         process.kill()
     if results is not None:
         results._writer.close()  # type: ignore[attr-defined]  # the executor's private pipe end; no public way to close it
+    if manager is not None:
+        manager.join(_MANAGER_EXIT_S)
 
 
 class _PoolRun:
