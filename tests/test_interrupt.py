@@ -7,12 +7,14 @@ by its session id after the main process is gone (orphans are re-parented and ca
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -179,9 +181,6 @@ def test_a_stopped_pool_leaves_no_manager_thread_ending_when_the_process_exits()
     """Python 3.11's concurrent.futures exit hook wakes each pool's manager thread through a pipe that thread closes
     as it ends, without a lock: a Ctrl-C whose process exits while the thread is still ending printed an
     `OSError: [Errno 9] Bad file descriptor` traceback after prepare's message. stop_pool waits for the thread."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
     futures = [pool.submit(time.sleep, 60) for _ in range(4)]
     deadline = time.monotonic() + 60
