@@ -18,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-REPORTS = Path("docs/bench")
+from stale_benchmarks import REPO, REPORTS
+
 README = REPO / "README.md"
 BEGIN = "<!-- made by scripts/summarize_benchmarks.py from docs/bench: do not edit by hand -->"
 END = "<!-- end of scripts/summarize_benchmarks.py's table -->"

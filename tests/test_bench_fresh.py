@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from test_prepared_via import module_file
 
 sys.path.insert(0, str(REPO / "scripts"))
 import stale_benchmarks  # noqa: E402
@@ -308,8 +309,7 @@ def covidxray_imports(path: Path) -> set[Path]:
     for name in names:
         parts = name.split(".")
         for end in range(1, len(parts) + 1) if parts[0] == "covidxray" else ():
-            module = REPO.joinpath(*parts[:end])
-            files.update(f for f in (module / "__init__.py", module.with_suffix(".py")) if f.is_file())
+            files.update(filter(None, [module_file(REPO, ".".join(parts[:end]))]))
     return files
 
 
